@@ -1,0 +1,1 @@
+"""Built-in backends. Imported lazily by name through ``spec_tot.backends``."""

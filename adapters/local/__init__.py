@@ -1,0 +1,1 @@
+"""The embedded inference engine (nano-vllm style): the default backend."""

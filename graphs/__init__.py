@@ -1,0 +1,1 @@
+"""Ready ToT programs expressed as ThoughtGraphs."""

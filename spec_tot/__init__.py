@@ -1,0 +1,3 @@
+"""spec-tot: fast Tree-of-Thought reasoning."""
+
+__all__: list[str] = []

@@ -1,0 +1,130 @@
+"""Backend contracts and the lazy name registry.
+
+The core never imports an adapter module at import time: ``load_backend("local")`` imports
+``spec_tot.adapters.local`` only when asked. Third parties register their own factories with
+``BackendRegistry.register``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec_tot.errors import UnknownNameError
+from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, RewardItem
+
+__all__ = [
+    "BackendRegistry",
+    "GenerationBackend",
+    "RewardBackend",
+    "default_registry",
+    "run_sync",
+]
+
+
+class GenerationBackend(ABC):
+    """Generates thoughts.
+
+    Contract:
+    - ``generate`` returns ``request.n`` completions, or raises ``BackendError``. When the
+      request is aborted while running it returns what it has with ``FinishReason.ABORT`` (or
+      raises ``asyncio.CancelledError`` if its own task was cancelled).
+    - Cancelling the awaiting task must abort the request on the backend: a cancelled caller
+      leaves no in-flight request behind.
+    - ``abort(prefix)`` aborts every in-flight request whose id equals ``prefix`` or starts
+      with ``prefix + "/"``; it returns how many it aborted.
+    - ``num_inflight`` is the number of requests accepted and not yet finished.
+    """
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    @abstractmethod
+    async def generate(self, request: GenerateRequest) -> GenerateResult: ...
+
+    @abstractmethod
+    async def abort(self, prefix: str) -> int: ...
+
+    @property
+    @abstractmethod
+    def num_inflight(self) -> int: ...
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens the backend would use for ``text`` (LV thresholds, metrics)."""
+        return max(1, len(text) // 4)
+
+    def stats(self) -> dict[str, float]:
+        """Engine counters (peak KV blocks, steps, ...). Empty when the backend has none."""
+        return {}
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release connections, threads and memory."""
+
+
+class RewardBackend(ABC):
+    """Scores traces (PRM, verifier, judge).
+
+    Contract: ``score`` returns, for each item, a tuple of per-step scores in [0, 1] whose
+    length equals ``len(item.steps)`` (an outcome scorer repeats its one score). It is called
+    with batches; a batch is one forward pass where the backend can do that.
+    """
+
+    @abstractmethod
+    async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]: ...
+
+    def count_tokens(self, item: RewardItem) -> int:
+        return max(1, len(item.text) // 4)
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+Factory = Callable[..., Any]
+
+
+@dataclass
+class BackendRegistry:
+    """Maps a backend name to a factory, given as a callable or as ``"module:attr"``
+    (imported lazily so that optional dependencies cost nothing until used)."""
+
+    _factories: dict[str, Factory | str] = field(default_factory=dict)
+
+    def register(self, name: str, factory: Factory | str) -> None:
+        self._factories[name] = factory
+
+    def names(self) -> list[str]:
+        return sorted(self._factories)
+
+    def create(self, name: str, **options: Any) -> Any:
+        factory = self._factories.get(name)
+        if factory is None:
+            raise UnknownNameError("backend", name, self.names())
+        if isinstance(factory, str):
+            module_name, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(module_name), attr)
+        return factory(**options)
+
+
+def default_registry() -> BackendRegistry:
+    """A fresh registry holding the built-in backends (no global mutable state)."""
+    registry = BackendRegistry()
+    registry.register("scripted", "spec_tot.adapters.scripted:create_scripted")
+    registry.register("local", "spec_tot.adapters.local:create_local")
+    registry.register("sim", "spec_tot.adapters.sim:create_sim")
+    registry.register("sglang", "spec_tot.adapters.sglang:create_sglang")
+    registry.register("openai", "spec_tot.adapters.openai_compat:create_openai")
+    return registry
+
+
+def run_sync(coro: Any) -> Any:
+    """Run a coroutine from sync code; refuses inside a running loop (use the async twin)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    raise RuntimeError("called a sync method inside a running event loop; use its async twin")
