@@ -77,7 +77,7 @@ class RewardBackend(ABC):
     @abstractmethod
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]: ...
 
-    def count_tokens(self, item: RewardItem) -> int:
+    def count_item_tokens(self, item: RewardItem) -> int:
         return max(1, len(item.text) // 4)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook

@@ -80,7 +80,9 @@ class Node:
 
     @property
     def live_children(self) -> list[Node]:
-        return [c for c in self.children if c.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)]
+        return [
+            c for c in self.children if c.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)
+        ]
 
     def path(self) -> list[Node]:
         """Nodes from the root's first child down to this node (the root holds no thought)."""

@@ -1,0 +1,112 @@
+"""Engine configuration: frozen, validated at construction (``ConfigError`` names the field)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from spec_tot.errors import ConfigError
+
+__all__ = ["DTYPES", "EngineConfig", "SyntheticWorkload", "resolve_device", "resolve_dtype"]
+
+# Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True, slots=True)
+class SyntheticWorkload:
+    """Workload model for throughput studies with random-weight models of real size.
+
+    Forward passes are real; only *what* is generated is synthetic. Each logical sample stops
+    after a lognormal number of tokens (``exp(N(step_len_mu, step_len_sigma))``, capped by
+    ``max_tokens``), drawn from a generator seeded by (``seed``, request id, member index) so a
+    run is reproducible. Text prompts without a tokenizer are mapped to ids by a pseudo
+    tokenizer (4 characters a token) that keeps shared text prefixes shared in id space.
+    ``prompt_len_mu``/``prompt_len_sigma`` size prompts made by ``sample_prompt``.
+    """
+
+    seed: int = 0
+    step_len_mu: float = 4.0
+    step_len_sigma: float = 0.6
+    prompt_len_mu: float = 5.0
+    prompt_len_sigma: float = 0.5
+    min_step_len: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("step_len_mu", "step_len_sigma", "prompt_len_mu", "prompt_len_sigma"):
+            value = getattr(self, name)
+            if not math.isfinite(value):
+                raise ConfigError(f"synthetic.{name}", f"must be finite, got {value}")
+        if self.step_len_sigma < 0 or self.prompt_len_sigma < 0:
+            raise ConfigError("synthetic.step_len_sigma", "sigmas must be >= 0")
+        if self.min_step_len < 1:
+            raise ConfigError("synthetic.min_step_len", f"must be >= 1, got {self.min_step_len}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs. Exactly one of ``model`` (a local Hugging Face folder) and
+    ``model_config`` (a config dict: random weights, no file) is set.
+
+    ``num_kv_blocks`` sizes the paged KV pool (``block_size`` tokens a block).
+    ``saturation_batch``: ``None`` measures it at start-up (decode step time vs batch size),
+    an int is taken as given.
+    """
+
+    model: str | None = None
+    model_config: dict[str, Any] | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 4096
+    max_model_len: int = 2048
+    enable_prefix_caching: bool = True
+    enable_dedup: bool = True
+    seed: int = 0
+    saturation_batch: int | None = None
+    synthetic: SyntheticWorkload | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.model is None) == (self.model_config is None):
+            raise ConfigError("model", "set exactly one of model (a folder) and model_config")
+        if self.model is not None and not self.model:
+            raise ConfigError("model", "must be a non-empty path")
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise ConfigError("device", f"must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_model_len:
+            # Prefill is whole (not chunked): the longest prompt must fit in one step.
+            raise ConfigError(
+                "max_num_batched_tokens",
+                f"must be >= max_model_len ({self.max_model_len}), got "
+                f"{self.max_num_batched_tokens}",
+            )
+        if self.saturation_batch is not None and self.saturation_batch < 1:
+            raise ConfigError("saturation_batch", f"must be >= 1, got {self.saturation_batch}")
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when available, else ``"cpu"``."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", f"{name!r} requested but CUDA is not available")
+    return name
+
+
+def resolve_dtype(name: str, device: str) -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]

@@ -1,0 +1,119 @@
+"""Load a local Hugging Face folder (config.json + *.safetensors + tokenizer), or build a
+random-weight model from a config dict (no file at all). Never touches the hub."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spec_tot.errors import ConfigError
+
+from .model import DecoderModel, ModelArgs, rope_inv_freq
+
+__all__ = [
+    "LoadedModel",
+    "build_random_model",
+    "from_hf_model",
+    "load_model_folder",
+    "make_hf_config",
+]
+
+_FAMILIES = ("llama", "qwen2")
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: DecoderModel
+    args: ModelArgs
+    tokenizer: Any | None  # a transformers tokenizer, or None (random-weight models)
+    hf_config: Any
+
+
+def _check_family(config: Any, where: str) -> None:
+    if getattr(config, "model_type", None) not in _FAMILIES:
+        raise ConfigError(
+            where, f"model_type {getattr(config, 'model_type', None)!r} not in {_FAMILIES}"
+        )
+
+
+def _build(config: Any, device: str, dtype: torch.dtype) -> DecoderModel:
+    args = ModelArgs.from_hf(config)
+    inv_freq, scaling = rope_inv_freq(config, args.head_dim)
+    # Build on the meta device, then materialise on the target: no CPU copy of a big model.
+    with torch.device("meta"):
+        model = DecoderModel(args, inv_freq.to("meta"), scaling)
+    model = model.to_empty(device=device).to(dtype)
+    positions = torch.arange(args.max_position_embeddings, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    model.rope_cos = (emb.cos() * scaling).to(device)
+    model.rope_sin = (emb.sin() * scaling).to(device)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0)
+    return model.eval()
+
+
+def load_model_folder(
+    path: str | Path, device: str, dtype: torch.dtype, with_tokenizer: bool = True
+) -> LoadedModel:
+    """Read ``config.json``, every ``*.safetensors`` and the tokenizer from ``path``."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError("model", f"{folder} has no config.json")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ConfigError("model", f"{folder} has no *.safetensors file")
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    _check_family(config, "model")
+    model = _build(config, device, dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file), device="cpu"))
+    model.load_hf_weights(tensors)
+    tokenizer = (
+        AutoTokenizer.from_pretrained(folder, local_files_only=True) if with_tokenizer else None
+    )
+    return LoadedModel(model, model.args, tokenizer, config)
+
+
+def make_hf_config(config: dict[str, Any]) -> Any:
+    """A LlamaConfig / Qwen2Config from a plain dict (``model_type`` defaults to llama)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    options = dict(config)
+    kind = options.pop("model_type", "llama")
+    if kind not in _FAMILIES:
+        raise ConfigError("model_config", f"model_type {kind!r} not in {_FAMILIES}")
+    cls = LlamaConfig if kind == "llama" else Qwen2Config
+    return cls(**options)
+
+
+def build_random_model(
+    config: dict[str, Any], device: str = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0
+) -> LoadedModel:
+    """A random-weight model of any size (e.g. a 7B-shaped Llama on GPU) built from a config
+    dict, without any file. Weights ~ N(0, initializer_range)."""
+    hf_config = make_hf_config(config)
+    model = _build(hf_config, device, dtype)
+    model.init_random(float(getattr(hf_config, "initializer_range", 0.02)), seed)
+    return LoadedModel(model, model.args, None, hf_config)
+
+
+def from_hf_model(
+    hf_model: Any, device: str, dtype: torch.dtype, tokenizer: Any = None
+) -> LoadedModel:
+    """Our model from an in-memory transformers ``LlamaForCausalLM``/``Qwen2ForCausalLM``
+    (same weights; used by benchmarks comparing against transformers)."""
+    config = hf_model.config
+    _check_family(config, "model")
+    model = _build(config, device, dtype)
+    model.load_hf_weights(dict(hf_model.state_dict()))
+    return LoadedModel(model, model.args, tokenizer, config)

@@ -1,0 +1,294 @@
+"""``ToTApp``: the immutable compiled ToT program, a langchain_core Runnable."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from spec_tot._private.compiled import CompiledGraph
+from spec_tot._private.runtime import QueryRunner, record_for
+from spec_tot._private.scoring import RewardRouter
+from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
+from spec_tot.config import ExecutorConfig
+from spec_tot.errors import ConfigError, QueryCancelledError, QueryTimeoutError
+from spec_tot.graph import State
+from spec_tot.metrics import MetricsRecorder, RunMetrics
+from spec_tot.policies import create_policy
+from spec_tot.policies.base import SearchPolicy
+from spec_tot.tree import SearchTree
+
+if TYPE_CHECKING:
+    from spec_tot.graph import ThoughtGraph
+
+__all__ = ["BatchResult", "ToTApp", "ToTResult"]
+
+
+@dataclass(frozen=True)
+class ToTResult:
+    """One query's outcome. ``status`` is ok, failed, cancelled or timeout; the partial tree
+    is kept in every case."""
+
+    query_id: str
+    answer: str | None
+    score: float | None
+    solved: bool
+    status: str
+    tree: SearchTree
+    latency_s: float
+    errors: tuple[str, ...] = ()
+    truncated: bool = False
+    votes: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    results: list[ToTResult]
+    metrics: RunMetrics
+
+
+def _default_input(value: Any) -> State:
+    if isinstance(value, str):
+        return {"question": value, "steps": []}
+    if isinstance(value, Mapping):
+        if "question" not in value:
+            raise ConfigError("input", "a dict input needs a 'question' key")
+        return {"steps": [], **value}
+    raise ConfigError("input", f"expected a question string or a dict, got {type(value).__name__}")
+
+
+def _default_answer(state: State) -> str | None:
+    if state.get("answer") is not None:
+        return str(state["answer"])
+    steps = state.get("steps") or []
+    return str(steps[-1]) if steps else None
+
+
+class ToTApp(Runnable[Any, ToTResult]):
+    """A compiled ThoughtGraph bound to a search policy, a backend and an executor config.
+
+    Input: a question string or a state dict with ``question``. Output: ``ToTResult``.
+    ``abatch``/``arun_batch`` run many queries at once on one backend (continuous batching
+    across queries); ``arun_batch`` also returns the run's metrics.
+    """
+
+    def __init__(
+        self,
+        graph: CompiledGraph,
+        policy_factory: Callable[[], SearchPolicy],
+        backend: GenerationBackend | Callable[[], GenerationBackend],
+        reward: RewardBackend | Callable[..., Any] | None,
+        config: ExecutorConfig,
+        answer: Callable[[State], str | None],
+        check: Callable[[State, str | None], bool] | None,
+        input_to_state: Callable[[Any], State],
+    ) -> None:
+        self.graph = graph
+        self.policy_factory = policy_factory
+        self._backend_source = backend
+        self._backend: GenerationBackend | None = (
+            backend if isinstance(backend, GenerationBackend) else None
+        )
+        self.reward = reward
+        self.config = config
+        self.answer_fn = answer
+        self.check = check
+        self.input_to_state = input_to_state
+        self._ids = itertools.count()
+
+    @classmethod
+    def build(
+        cls,
+        graph: ThoughtGraph,
+        *,
+        search: str | SearchPolicy | Callable[[], SearchPolicy],
+        search_params: dict[str, Any],
+        backend: GenerationBackend | str | None,
+        backend_options: dict[str, Any],
+        reward: RewardBackend | Callable[..., Any] | None,
+        config: ExecutorConfig | None,
+        answer: Callable[[State], str | None] | None,
+        check: Callable[[State, str | None], bool] | None,
+        input_to_state: Callable[[Any], State] | None,
+    ) -> ToTApp:
+        compiled = CompiledGraph.from_builder(graph)
+        if isinstance(search, str):
+            name = search
+            create_policy(name, **search_params)  # validate the parameters now
+            policy_factory: Callable[[], SearchPolicy] = lambda: create_policy(  # noqa: E731
+                name, **search_params
+            )
+        elif isinstance(search, SearchPolicy):
+            raise ConfigError(
+                "search",
+                "pass a policy name or a zero-argument factory: policies hold "
+                "per-query state, so one instance cannot serve several queries",
+            )
+        elif callable(search):
+            policy_factory = search
+        else:
+            raise ConfigError("search", f"expected a policy name or factory, got {search!r}")
+        if backend is None:
+            raise ConfigError("backend", "compile() needs a backend (instance or name)")
+        source: GenerationBackend | Callable[[], GenerationBackend]
+        if isinstance(backend, str):
+            registry = default_registry()
+            if backend not in registry.names():
+                registry.create(backend)  # raises UnknownNameError listing the names
+            source = lambda: registry.create(backend, **backend_options)  # noqa: E731
+        else:
+            source = backend
+        return cls(
+            compiled,
+            policy_factory,
+            source,
+            reward,
+            config or ExecutorConfig(),
+            answer or _default_answer,
+            check,
+            input_to_state or _default_input,
+        )
+
+    # -- backend ------------------------------------------------------------------------------
+    @property
+    def backend(self) -> GenerationBackend:
+        """The generation backend (created on first use when given by name)."""
+        if self._backend is None:
+            factory = self._backend_source
+            assert callable(factory)
+            self._backend = factory()
+        return self._backend
+
+    @property
+    def reward_scorer(self) -> Any:
+        """The default reward: the one given to compile, else the backend if it scores."""
+        if self.reward is not None:
+            return self.reward
+        return self.backend if isinstance(self.backend, RewardBackend) else None
+
+    # -- running ------------------------------------------------------------------------------
+    async def arun_batch(
+        self, inputs: Sequence[Any], *, max_concurrency: int | None = None
+    ) -> BatchResult:
+        """Run queries concurrently on one backend; one's failure never stops the others."""
+        states = [self.input_to_state(value) for value in inputs]  # bad input fails first
+        recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
+        router = RewardRouter(self.reward_scorer, recorder)
+        limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
+
+        async def one(state: State) -> ToTResult:
+            async with limit:
+                return await self._run_one(state, recorder, router)
+
+        started = time.perf_counter()
+        results = await asyncio.gather(*(one(s) for s in states))
+        wall = time.perf_counter() - started
+        peak_kv = int(self.backend.stats().get("peak_kv_blocks", 0))
+        return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
+
+    def run_batch(
+        self, inputs: Sequence[Any], *, max_concurrency: int | None = None
+    ) -> BatchResult:
+        result: BatchResult = run_sync(self.arun_batch(inputs, max_concurrency=max_concurrency))
+        return result
+
+    async def _run_one(
+        self, state: State, recorder: MetricsRecorder, router: RewardRouter
+    ) -> ToTResult:
+        query_id = str(state.get("query_id") or f"q{next(self._ids)}")
+        tree = SearchTree(query_id, str(state["question"]), state)
+        runner = QueryRunner(
+            graph=self.graph,
+            tree=tree,
+            policy=self.policy_factory(),
+            backend=self.backend,
+            rewards=router,
+            recorder=recorder,
+            config=self.config,
+            answer_fn=self.answer_fn,
+        )
+        started = time.perf_counter()
+        status, answer, truncated = "ok", None, False
+        errors: tuple[str, ...] = ()
+        try:
+            async with asyncio.timeout(self.config.query_timeout_s):
+                outcome = await runner.run()
+            answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
+            if answer is None and errors:
+                status = "failed"
+        except TimeoutError:
+            status, errors = (
+                "timeout",
+                (f"query {query_id} exceeded {self.config.query_timeout_s}s",),
+            )
+        except asyncio.CancelledError:
+            recorder.query_finished(record_for(tree, "cancelled", False, started))
+            raise
+        text = answer.text if answer is not None else None
+        solved = bool(self.check(state, text)) if self.check is not None and text else False
+        record = record_for(tree, status, solved, started)
+        recorder.query_finished(record)
+        return ToTResult(
+            query_id=query_id,
+            answer=text,
+            score=answer.score if answer is not None else None,
+            solved=solved,
+            status=status,
+            tree=tree,
+            latency_s=record.latency_s,
+            errors=tuple(errors),
+            truncated=truncated,
+            votes=dict(answer.votes) if answer is not None else {},
+        )
+
+    # -- Runnable -----------------------------------------------------------------------------
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> ToTResult:
+        result: ToTResult = run_sync(self.ainvoke(input, config, **kwargs))
+        return result
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> ToTResult:
+        batch = await self.arun_batch([input])
+        result = batch.results[0]
+        if result.status == "timeout":
+            raise QueryTimeoutError("; ".join(result.errors))
+        if result.status == "cancelled":
+            raise QueryCancelledError(result.query_id)
+        return result
+
+    async def abatch(
+        self,
+        inputs: list[Any],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[ToTResult]:
+        limit = None
+        if isinstance(config, Mapping):
+            limit = config.get("max_concurrency")
+        return (await self.arun_batch(inputs, max_concurrency=limit)).results
+
+    def batch(
+        self,
+        inputs: list[Any],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[ToTResult]:
+        # One event loop for the whole batch: queries share the backend's batching.
+        results: list[ToTResult] = run_sync(
+            self.abatch(inputs, config, return_exceptions=return_exceptions)
+        )
+        return results
+
+    async def aclose(self) -> None:
+        if self._backend is not None:
+            await self._backend.aclose()

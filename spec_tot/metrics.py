@@ -1,0 +1,145 @@
+"""Run metrics: a mutable recorder during the run, a frozen summary after it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["METRIC_KEYS", "MetricsRecorder", "QueryRecord", "RunMetrics"]
+
+METRIC_KEYS: tuple[str, ...] = (
+    "queries",
+    "solved",
+    "accuracy",
+    "wall_s",
+    "queries_per_s",
+    "output_tokens",
+    "wasted_tokens",
+    "tokens_per_s",
+    "spec_hit_rate",
+    "reward_calls",
+    "reward_batch_tokens_mean",
+    "peak_inflight",
+    "peak_kv_blocks",
+    "latency_p50_s",
+    "latency_p99_s",
+    "goodput",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueryRecord:
+    query_id: str
+    status: str  # ok | failed | cancelled | timeout
+    solved: bool
+    latency_s: float
+    output_tokens: int
+    wasted_tokens: int
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    """One run's figures. ``to_dict`` has exactly ``METRIC_KEYS`` plus the extras below them.
+
+    ``wasted_tokens`` counts tokens generated for nodes that ended cancelled (aborted, failed,
+    mis-speculated) or that were speculative and never adopted. ``goodput`` is correct
+    answers per second whose latency was within the deadline.
+    """
+
+    queries: int
+    solved: int
+    accuracy: float
+    wall_s: float
+    queries_per_s: float
+    output_tokens: int
+    wasted_tokens: int
+    tokens_per_s: float
+    spec_hit_rate: float
+    reward_calls: int
+    reward_batch_tokens_mean: float
+    peak_inflight: int
+    peak_kv_blocks: int
+    latency_p50_s: float
+    latency_p99_s: float
+    goodput: float
+    failed: int = 0
+    cancelled: int = 0
+    speculative_nodes: int = 0
+    speculative_hits: int = 0
+    reward_items: int = 0
+    nodes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class MetricsRecorder:
+    """Counters shared by every query of one run (single event loop: no locks needed)."""
+
+    goodput_deadline_s: float = 60.0
+    started: float = field(default_factory=time.perf_counter)
+    records: list[QueryRecord] = field(default_factory=list)
+    reward_calls: int = 0
+    reward_items: int = 0
+    reward_tokens: int = 0
+    inflight: int = 0
+    peak_inflight: int = 0
+    speculative_nodes: int = 0
+    speculative_hits: int = 0
+
+    def request_started(self) -> None:
+        self.inflight += 1
+        self.peak_inflight = max(self.peak_inflight, self.inflight)
+
+    def request_finished(self) -> None:
+        self.inflight -= 1
+
+    def reward_call(self, items: int, tokens: int) -> None:
+        self.reward_calls += 1
+        self.reward_items += items
+        self.reward_tokens += tokens
+
+    def query_finished(self, record: QueryRecord) -> None:
+        self.records.append(record)
+
+    def summary(self, *, peak_kv_blocks: int = 0, wall_s: float | None = None) -> RunMetrics:
+        wall = wall_s if wall_s is not None else time.perf_counter() - self.started
+        wall = max(wall, 1e-9)
+        queries = len(self.records)
+        solved = sum(r.solved for r in self.records)
+        output = sum(r.output_tokens for r in self.records)
+        latencies = np.array([r.latency_s for r in self.records], dtype=float)
+        on_time = sum(r.solved and r.latency_s <= self.goodput_deadline_s for r in self.records)
+        return RunMetrics(
+            queries=queries,
+            solved=solved,
+            accuracy=solved / queries if queries else 0.0,
+            wall_s=wall,
+            queries_per_s=queries / wall,
+            output_tokens=output,
+            wasted_tokens=sum(r.wasted_tokens for r in self.records),
+            tokens_per_s=output / wall,
+            spec_hit_rate=(
+                self.speculative_hits / self.speculative_nodes if self.speculative_nodes else 0.0
+            ),
+            reward_calls=self.reward_calls,
+            reward_batch_tokens_mean=(
+                self.reward_tokens / self.reward_calls if self.reward_calls else 0.0
+            ),
+            peak_inflight=self.peak_inflight,
+            peak_kv_blocks=peak_kv_blocks,
+            latency_p50_s=float(np.percentile(latencies, 50)) if queries else 0.0,
+            latency_p99_s=float(np.percentile(latencies, 99)) if queries else 0.0,
+            goodput=on_time / wall,
+            failed=sum(r.status == "failed" for r in self.records),
+            cancelled=sum(r.status in ("cancelled", "timeout") for r in self.records),
+            speculative_nodes=self.speculative_nodes,
+            speculative_hits=self.speculative_hits,
+            reward_items=self.reward_items,
+            nodes=sum(r.nodes for r in self.records),
+        )

@@ -1,0 +1,98 @@
+"""``RoundPolicy``: the shared skeleton of the BFS-style policies (beam, DVTS, REBASE, ETS,
+ToT BFS). A round is the set of children of the expansions committed together; the next
+selection happens only once every child of the round is resolved (the reward barrier that
+speculation runs ahead of). Subclasses supply the root width and the selection rule.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Sequence
+
+from spec_tot.policies._common import (
+    Outstanding,
+    Vote,
+    check_aggregation,
+    check_positive,
+    check_vote,
+    expandable,
+    fit_budget,
+    vote_answer,
+)
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
+
+__all__ = ["RoundPolicy"]
+
+
+class RoundPolicy(SearchPolicy):
+    def __init__(self, max_depth: int, aggregation: str, vote: str) -> None:
+        check_positive("max_depth", max_depth)
+        self.max_depth = max_depth
+        self.aggregation: Aggregation = check_aggregation(aggregation)
+        self.vote: Vote = check_vote(vote)
+        self._outstanding = Outstanding()
+        self._round: list[Node] = []  # children of the current round resolved so far
+        self._started = False
+        self._finished = False
+        self.completed = 0  # terminal SCORED nodes seen (finished traces)
+        self.rounds = 0
+
+    # -- what subclasses define -------------------------------------------------------------
+    @abstractmethod
+    def _root_width(self) -> int: ...
+
+    @abstractmethod
+    def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
+        """The next round's expansions, given every resolved child of the finished round
+        (in creation order). An empty list ends the search."""
+
+    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
+        """Ranked speculative candidates among the round's scored, still-expandable nodes."""
+        return []
+
+    # -- the protocol ---------------------------------------------------------------------
+    def initial(self, tree: SearchTree) -> list[Expansion]:
+        if self._started:  # a second call must not expand the root twice
+            return []
+        self._started = True
+        return self._commit([Expansion(tree.root.id, self._root_width())])
+
+    def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
+        accepted = self._outstanding.receive(scored)
+        self._round.extend(accepted)
+        self.completed += sum(1 for n in accepted if _is_final_answer(n))
+        if self._finished or not accepted:
+            return []
+        if not all(self._outstanding.complete(p) for p in self._outstanding.pending):
+            return []  # barrier: wait for the slowest sibling of the round
+        round_nodes = sorted(self._round, key=lambda n: n.seq)
+        self._round = []
+        self._outstanding = Outstanding()
+        self.rounds += 1
+        return self._commit(self._select(tree, round_nodes))
+
+    def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        if budget <= 0 or self._finished:
+            return []
+        scored = [n for n in self._round if expandable(n, self.max_depth)]
+        return fit_budget(self._speculate(tree, scored), budget)
+
+    def done(self, tree: SearchTree) -> bool:
+        return self._finished
+
+    def answer(self, tree: SearchTree) -> Answer | None:
+        return vote_answer(tree.terminals(), self.vote, self.score)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _commit(self, expansions: list[Expansion]) -> list[Expansion]:
+        expansions = [e for e in expansions if e.width > 0]
+        if expansions:
+            self._outstanding.add(expansions)
+        else:
+            self._finished = True
+        return expansions
+
+
+def _is_final_answer(node: Node) -> bool:
+    return node.terminal and node.status is NodeStatus.SCORED

@@ -1,0 +1,60 @@
+"""Beam search against a PRM, with search-and-learn semantics (Snell et al. 2024;
+huggingface/search-and-learn ``beam_search``).
+
+``n`` is the logical budget of beams and ``width`` the expansion width of each kept beam:
+- round 0 expands the root with ``n`` children;
+- at the end of every round, terminal SCORED children are completed beams; among the scored
+  non-terminal children below ``max_depth``, the top ``k = n // width`` by score (ties to the
+  lower ``seq``) are kept and each is expanded with ``width`` children (<= n per round);
+- the search stops once ``n`` beams are completed, or when no child can be kept.
+``keep_count`` is ``k`` (the round is a top-k, so early pruning keeps the selection).
+``predict`` speculatively expands the currently top-k scored children of the unfinished round;
+utility ``(k - rank) / k``: the higher a node ranks now, the likelier it stays in the top k.
+"""
+
+from __future__ import annotations
+
+from spec_tot.errors import ConfigError
+from spec_tot.policies._common import check_positive, expandable, rank
+from spec_tot.policies._rounds import RoundPolicy
+from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.tree import Node, SearchTree
+
+__all__ = ["BeamSearch"]
+
+
+class BeamSearch(RoundPolicy):
+    name = "beam"
+
+    def __init__(
+        self,
+        n: int = 8,
+        width: int = 4,
+        max_depth: int = 40,
+        aggregation: str = "last",
+        vote: str = "best",
+    ) -> None:
+        check_positive("n", n)
+        check_positive("width", width)
+        if width > n:
+            raise ConfigError("width", f"must be <= n ({n}) so that n // width >= 1, got {width}")
+        super().__init__(max_depth, aggregation, vote)
+        self.n = n
+        self.width = width
+        self.keep = n // width
+
+    def _root_width(self) -> int:
+        return self.n
+
+    def keep_count(self, tree: SearchTree) -> int | None:
+        return self.keep
+
+    def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
+        if self.completed >= self.n:
+            return []
+        active = [c for c in round_nodes if expandable(c, self.max_depth)]
+        return [Expansion(c.id, self.width) for c in rank(active, self.score)[: self.keep]]
+
+    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
+        top = rank(scored, self.score)[: self.keep]
+        return [Candidate(c.id, self.width, (self.keep - r) / self.keep) for r, c in enumerate(top)]

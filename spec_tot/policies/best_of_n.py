@@ -1,0 +1,72 @@
+"""Best-of-N: ``n`` independent full traces, then a vote.
+
+A trace is a chain of nodes: the root is expanded once with ``n`` children (the ``n`` first
+steps); afterwards every scored, non-terminal node below ``max_depth`` is extended with one
+child, at once (traces are independent, so there is no round barrier). A trace ends at a
+terminal node, at ``max_depth``, or when its step fails. The answer is a vote over the
+terminal SCORED nodes: ``majority`` (one vote per trace), ``weighted`` (sum of the traces'
+scores per answer) or ``best`` (the single best-scored trace). Nothing is ever waiting on a
+selection, so ``predict`` has nothing to add and ``keep_count`` is ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from spec_tot.policies._common import (
+    Outstanding,
+    Vote,
+    check_aggregation,
+    check_positive,
+    check_vote,
+    expandable,
+    vote_answer,
+)
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.tree import Aggregation, Node, SearchTree
+
+__all__ = ["BestOfN"]
+
+
+class BestOfN(SearchPolicy):
+    name = "best_of_n"
+
+    def __init__(
+        self,
+        n: int = 8,
+        vote: str = "majority",
+        aggregation: str = "last",
+        max_depth: int = 40,
+    ) -> None:
+        check_positive("n", n)
+        check_positive("max_depth", max_depth)
+        self.n = n
+        self.vote: Vote = check_vote(vote)
+        self.aggregation: Aggregation = check_aggregation(aggregation)
+        self.max_depth = max_depth
+        self._outstanding = Outstanding()
+        self._started = False
+
+    def initial(self, tree: SearchTree) -> list[Expansion]:
+        if self._started:
+            return []
+        self._started = True
+        out = [Expansion(tree.root.id, self.n)]
+        self._outstanding.add(out)
+        return out
+
+    def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
+        accepted = self._outstanding.receive(scored)
+        self._outstanding.pop_complete()
+        out = [Expansion(c.id, 1) for c in accepted if expandable(c, self.max_depth)]
+        self._outstanding.add(out)
+        return out
+
+    def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        return []
+
+    def done(self, tree: SearchTree) -> bool:
+        return self._started and self._outstanding.empty
+
+    def answer(self, tree: SearchTree) -> Answer | None:
+        return vote_answer(tree.terminals(), self.vote, self.score)

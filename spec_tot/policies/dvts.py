@@ -1,0 +1,81 @@
+"""DVTS: diverse verifier tree search (Beeching et al. 2024, search-and-learn ``dvts``).
+
+The budget ``n`` is split into ``m = n // width`` independent subtrees:
+- round 0 expands the root with ``m * width`` children; root child ``i`` (creation order)
+  founds subtree ``i // width``, so each subtree starts from ``width`` diverse first steps;
+- at the end of every round each live subtree keeps its single best scored child (ties to the
+  lower ``seq``): if that child is terminal, the subtree is complete; if it is expandable it
+  is expanded with ``width`` children; otherwise (depth limit, or every child failed) the
+  subtree ends. This is greedy beam search of width ``width`` per subtree.
+The answer votes over all terminal nodes (default: the best one). ``keep_count`` is ``None``:
+the selection is a top-1 per subtree, not a global top-k. ``predict`` expands each live
+subtree's best scored child so far, utility = the fraction of the subtree's round already
+scored (the more siblings are in, the likelier the current best stays best).
+"""
+
+from __future__ import annotations
+
+from spec_tot.errors import ConfigError
+from spec_tot.policies._common import check_positive, expandable, rank
+from spec_tot.policies._rounds import RoundPolicy
+from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.tree import Node, NodeStatus, SearchTree
+
+__all__ = ["DVTS"]
+
+
+class DVTS(RoundPolicy):
+    name = "dvts"
+
+    def __init__(
+        self,
+        n: int = 8,
+        width: int = 4,
+        max_depth: int = 40,
+        aggregation: str = "last",
+        vote: str = "best",
+    ) -> None:
+        check_positive("n", n)
+        check_positive("width", width)
+        if width > n:
+            raise ConfigError("width", f"must be <= n ({n}) so that n // width >= 1, got {width}")
+        super().__init__(max_depth, aggregation, vote)
+        self.n = n
+        self.width = width
+        self.subtrees = n // width
+
+    def _root_width(self) -> int:
+        return self.subtrees * self.width
+
+    def subtree_of(self, node: Node) -> int:
+        """Index of the subtree that ``node`` belongs to (from its depth-1 ancestor)."""
+        first = node.path()[0]
+        assert first.parent is not None  # a path never contains the root
+        return first.parent.children.index(first) // self.width
+
+    def _groups(self, nodes: list[Node]) -> dict[int, list[Node]]:
+        groups: dict[int, list[Node]] = {}
+        for node in nodes:
+            groups.setdefault(self.subtree_of(node), []).append(node)
+        return dict(sorted(groups.items()))
+
+    def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
+        out: list[Expansion] = []
+        for group in self._groups(round_nodes).values():
+            scored = [c for c in group if c.status is NodeStatus.SCORED]
+            if scored:
+                best = rank(scored, self.score)[0]
+                if expandable(best, self.max_depth):
+                    out.append(Expansion(best.id, self.width))
+        return out
+
+    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
+        out: list[Candidate] = []
+        for group in self._groups(self._round).values():
+            done = [c for c in group if c.status is NodeStatus.SCORED]
+            if not done:
+                continue
+            best = rank(done, self.score)[0]
+            if best in scored:
+                out.append(Candidate(best.id, self.width, len(group) / self.width))
+        return sorted(out, key=lambda c: -c.utility)

@@ -1,0 +1,57 @@
+"""The original Tree-of-Thoughts BFS (Yao et al. 2023, Algorithm 1): every kept state is
+expanded with ``width`` samples, every new state is valued (the value prompt's score is the
+node's reward), and the ``breadth`` best states of the level are kept (ties to the lower
+``seq``), terminal or not. Kept non-terminal states below ``max_depth`` are expanded next;
+the search stops when no kept state can be expanded. The answer is the best terminal state.
+``keep_count`` is ``breadth``; ``predict`` expands the currently top-``breadth`` scored states
+of the unfinished level with utility ``(breadth - rank) / breadth``.
+"""
+
+from __future__ import annotations
+
+from spec_tot.policies._common import check_positive, expandable, rank
+from spec_tot.policies._rounds import RoundPolicy
+from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.tree import Node, NodeStatus, SearchTree
+
+__all__ = ["ToTBFS"]
+
+
+class ToTBFS(RoundPolicy):
+    name = "tot_bfs"
+
+    def __init__(
+        self,
+        breadth: int = 5,
+        width: int = 8,
+        max_depth: int = 4,
+        aggregation: str = "last",
+        vote: str = "best",
+    ) -> None:
+        check_positive("breadth", breadth)
+        check_positive("width", width)
+        super().__init__(max_depth, aggregation, vote)
+        self.breadth = breadth
+        self.width = width
+
+    def _root_width(self) -> int:
+        return self.width
+
+    def keep_count(self, tree: SearchTree) -> int | None:
+        return self.breadth
+
+    def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
+        scored = [c for c in round_nodes if c.status is NodeStatus.SCORED]
+        kept = rank(scored, self.score)[: self.breadth]
+        return [Expansion(c.id, self.width) for c in kept if expandable(c, self.max_depth)]
+
+    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
+        # Terminal states of the level also compete for the ``breadth`` slots.
+        level = [c for c in self._round if c.status is NodeStatus.SCORED]
+        kept = rank(level, self.score)[: self.breadth]
+        ok = {c.id for c in scored}
+        return [
+            Candidate(c.id, self.width, (self.breadth - r) / self.breadth)
+            for r, c in enumerate(kept)
+            if c.id in ok
+        ]

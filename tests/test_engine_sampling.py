@@ -1,0 +1,115 @@
+"""Sampler and CD (computation dedup): same seeds, same outputs, right distribution."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from engine_fixtures import make_engine, run_all, tiny_llama
+from scipy.stats import chisquare
+from spec_tot.adapters.local.sampler import Sampler, draw_uniforms
+from spec_tot.adapters.local.sequence import member_seed
+
+from spec_tot.requests import GenerateRequest, SamplingParams
+
+__all__ = ["make_engine", "tiny_llama"]
+
+torch.set_num_threads(1)
+
+LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+
+
+def _generators(seed: int, n: int) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(member_seed(seed, i)) for i in range(n)]
+
+
+def _expected(params: SamplingParams) -> torch.Tensor:
+    probs = torch.softmax(LOGITS / params.temperature, dim=-1)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    order = probs.argsort(descending=True)
+    k = len(probs) if params.top_k == -1 else params.top_k
+    mass = 0.0
+    for rank, tok in enumerate(order.tolist()):
+        if rank >= k or mass >= params.top_p * float(probs[order[:k]].sum()):
+            break
+        keep[tok] = True
+        mass += float(probs[tok])
+    probs = probs * keep
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=3),
+        SamplingParams(temperature=1.3, top_p=0.8),
+    ],
+)
+def test_cd_draws_match_independent_sampling(params: SamplingParams) -> None:
+    """m members sharing one row (CD) draw exactly what m independent rows draw, and their
+    histogram fits the model distribution (chi-square)."""
+    m, sampler = 6000, Sampler()
+    shared = sampler.sample(LOGITS[None], [params], [draw_uniforms(_generators(5, m))])[0]
+    gens = _generators(5, m)
+    rows = LOGITS.expand(m, -1)
+    independent = sampler.sample(rows, [params] * m, [draw_uniforms([g]) for g in gens])
+    assert shared == [r[0] for r in independent]
+    expected = _expected(params)
+    counts = torch.bincount(torch.tensor(shared), minlength=len(LOGITS)).float()
+    support = expected > 0
+    assert counts[~support].sum() == 0, "sampled outside the top-k/top-p support"
+    stat = chisquare(counts[support].numpy(), (expected[support] * m).numpy())
+    assert stat.pvalue > 1e-3
+
+
+def test_greedy_is_argmax_and_draws_nothing() -> None:
+    out = Sampler().sample(LOGITS[None], [SamplingParams(temperature=0.0)], [[0.0, 0.0, 0.0]])
+    assert out == [[0, 0, 0]]
+    assert draw_uniforms([None]) == [0.0]
+
+
+def _run(engine: Any, requests: list[GenerateRequest]) -> dict[str, list[tuple[int, ...]]]:
+    for request in requests:
+        engine.add_request(request)
+    return {k: [c.token_ids for c in v.completions] for k, v in run_all(engine).items()}
+
+
+def test_cd_on_off_identical_outputs(make_engine: Any) -> None:
+    params = SamplingParams(temperature=1.0, max_tokens=24, seed=123)
+    reqs = [
+        GenerateRequest("a", params, prompt="Solve 4 4 6 8:", n=8),
+        GenerateRequest(
+            "b", SamplingParams(temperature=0.8, top_p=0.9, max_tokens=16, seed=9), prompt="Hi", n=5
+        ),
+    ]
+    on, off = make_engine(enable_dedup=True), make_engine(enable_dedup=False)
+    assert _run(on, reqs) == _run(off, reqs)
+    assert on.num_forks > 0 and off.num_forks == 0
+    # CD really saved forward rows: fewer rows computed than logical tokens produced
+    assert on.num_forward_rows < on.num_generated_tokens
+    assert off.num_forward_rows == off.num_generated_tokens
+
+
+def test_identical_pending_requests_merge(make_engine: Any) -> None:
+    """Requests with identical prompt and sampling except seed share one physical sequence."""
+    reqs = [
+        GenerateRequest(
+            f"q{i}",
+            SamplingParams(temperature=1.0, max_tokens=12, seed=i),
+            prompt="Same prompt",
+            n=2,
+        )
+        for i in range(3)
+    ]
+    on, off = make_engine(enable_dedup=True), make_engine(enable_dedup=False)
+    assert _run(on, reqs) == _run(off, reqs)
+    assert on.num_merged_requests == 2
+
+
+def test_seeded_requests_reproduce(make_engine: Any) -> None:
+    req = GenerateRequest(
+        "a", SamplingParams(temperature=1.0, max_tokens=16, seed=4), prompt="x", n=3
+    )
+    assert _run(make_engine(), [req]) == _run(make_engine(), [req])
