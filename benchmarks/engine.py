@@ -53,7 +53,6 @@ def make_ours(hf: Any) -> Callable[[Any, list[list[int]], int], int]:
     from spec_tot.adapters.local.config import EngineConfig
     from spec_tot.adapters.local.engine import LLMEngine
     from spec_tot.adapters.local.loader import from_hf_model
-
     from spec_tot.requests import GenerateRequest, SamplingParams
 
     config = EngineConfig(

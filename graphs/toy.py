@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from spec_tot._private.programs import Program
 from spec_tot.app import ToTApp
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.requests import SamplingParams
 
-__all__ = ["ANSWER_PREFIX", "build_toy_graph", "compile_toy", "toy_questions"]
+__all__ = ["ANSWER_PREFIX", "PROGRAM", "build_toy_graph", "compile_toy", "toy_questions"]
 
 ANSWER_PREFIX = "answer: "
 
@@ -59,3 +60,18 @@ def compile_toy(**compile_args: Any) -> ToTApp:
 
 def toy_questions(n: int) -> list[dict[str, Any]]:
     return [{"question": f"toy puzzle {i}", "target": "24"} for i in range(n)]
+
+
+def _backend_options(backend: str) -> dict[str, Any]:
+    return {}
+
+
+PROGRAM = Program(
+    name="toy",
+    description="toy puzzles on the deterministic scripted backend",
+    default_backend="scripted",
+    default_search="beam",
+    build=compile_toy,
+    inputs=toy_questions,
+    backend_options=_backend_options,
+)

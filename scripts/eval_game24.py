@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import train_game24 as tg
+
 from spec_tot.graphs import game24_task as g24
 
 

@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from spec_tot.graphs import game24_task as g24
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+from spec_tot.graphs import game24_task as g24
 
 VAL_PUZZLES = 50
 MAX_NEW_TOKENS = 150

@@ -13,7 +13,8 @@ from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
 from spec_tot._private.runtime import QueryRunner, record_for
-from spec_tot._private.scoring import RewardRouter
+from spec_tot._private.scoring import FlushRule, RewardRouter
+from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryCancelledError, QueryTimeoutError
@@ -173,17 +174,32 @@ class ToTApp(Runnable[Any, ToTResult]):
 
     # -- running ------------------------------------------------------------------------------
     async def arun_batch(
-        self, inputs: Sequence[Any], *, max_concurrency: int | None = None
+        self,
+        inputs: Sequence[Any],
+        *,
+        max_concurrency: int | None = None,
+        on_result: Callable[[ToTResult], None] | None = None,
     ) -> BatchResult:
-        """Run queries concurrently on one backend; one's failure never stops the others."""
+        """Run queries concurrently on one backend; one's failure never stops the others.
+        ``on_result`` is called as each query finishes (progress bars)."""
         states = [self.input_to_state(value) for value in inputs]  # bad input fails first
         recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
-        router = RewardRouter(self.reward_scorer, recorder)
+        spec = self.config.speculation
+        rule: FlushRule = "round" if spec.round_rewards else (spec.lv or "eager")
+        router = RewardRouter(self.reward_scorer, recorder, rule)
+        budget = (
+            SpeculationBudget(self.backend.capabilities.saturation_batch, spec.tau)
+            if spec.budget
+            else None
+        )
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 
         async def one(state: State) -> ToTResult:
             async with limit:
-                return await self._run_one(state, recorder, router)
+                result = await self._run_one(state, recorder, router, budget)
+            if on_result is not None:
+                on_result(result)
+            return result
 
         started = time.perf_counter()
         results = await asyncio.gather(*(one(s) for s in states))
@@ -198,7 +214,11 @@ class ToTApp(Runnable[Any, ToTResult]):
         return result
 
     async def _run_one(
-        self, state: State, recorder: MetricsRecorder, router: RewardRouter
+        self,
+        state: State,
+        recorder: MetricsRecorder,
+        router: RewardRouter,
+        budget: SpeculationBudget | None,
     ) -> ToTResult:
         query_id = str(state.get("query_id") or f"q{next(self._ids)}")
         tree = SearchTree(query_id, str(state["question"]), state)
@@ -211,6 +231,7 @@ class ToTApp(Runnable[Any, ToTResult]):
             recorder=recorder,
             config=self.config,
             answer_fn=self.answer_fn,
+            budget=budget,
         )
         started = time.perf_counter()
         status, answer, truncated = "ok", None, False

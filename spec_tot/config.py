@@ -1,27 +1,114 @@
-"""Frozen executor configuration, validated at construction."""
+"""Frozen executor configuration, validated at construction.
+
+A mode is a named set of technique switches; every switch can also be set on its own, so
+each ablation is one flag: ``ExecutorConfig(mode="full", speculation_overrides={"ep": False})``.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 from spec_tot.errors import ConfigError, UnknownNameError
 
-__all__ = ["MODES", "ExecutorConfig"]
+__all__ = ["MODES", "ExecutorConfig", "LazyVerification", "Speculation"]
 
-# Executor modes implemented by this runtime. Speculative modes (naive, spex, specscale,
-# full) are added with the speculative executor; asking for one before it exists is an error,
-# never a silent fallback to baseline.
-MODES: tuple[str, ...] = ("baseline",)
+Speculate = Literal["off", "all", "ranked"]
+
+
+@dataclass(frozen=True, slots=True)
+class LazyVerification:
+    """SpecScale LV: a reward batch runs when pending input tokens reach ``token_threshold``,
+    when a sibling group is complete, when an item was deferred ``max_deferrals`` times, when
+    the oldest item waited ``max_wait_s``, or when ``spec_flush`` speculative items wait."""
+
+    token_threshold: int = 2048
+    max_deferrals: int = 6
+    max_wait_s: float = 0.05
+    spec_flush: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("token_threshold", "max_deferrals", "spec_flush"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"lv.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
+            raise ConfigError("lv.max_wait_s", f"must be > 0, got {self.max_wait_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Speculation:
+    """Technique switches.
+
+    - ``speculate``: off; ``all`` (naive/SpecScale: continue every finished candidate at
+      once, full width); ``ranked`` (SPEX T1: the policy's own ranked predictions).
+    - ``budget`` (T2): a global speculative budget from the backend's saturation batch minus
+      committed load, shared across queries by softmax(utility / ``tau``) with online hit
+      rates; it also makes speculation back off as the engine saturates (``full``).
+    - ``early_termination`` (T3, changes the search, opt-in): stop once >= ``et_min_answers``
+      answers exist and the top answer's cumulative reward leads the runner-up's by
+      ``et_alpha`` x the runner-up's mean weight.
+    - ``ep``: strict early pruning (k-th best threshold, ties kept); ``ep_full_score``: the
+      full-score shortcut (opt-in: can change which tied node is kept).
+    - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
+    - ``lv``: lazy verification settings, or None to score each completion at once.
+    """
+
+    speculate: Speculate = "off"
+    budget: bool = False
+    tau: float = 1.0
+    early_termination: bool = False
+    et_min_answers: int = 4
+    et_alpha: float = 1.0
+    ep: bool = False
+    ep_full_score: bool = False
+    full_score: float = 1.0
+    dedup: bool = False
+    lv: LazyVerification | None = None
+    round_rewards: bool = True  # baseline: one reward batch per round (search-and-learn)
+    max_speculative_per_query: int = 64
+
+    def __post_init__(self) -> None:
+        if self.speculate not in ("off", "all", "ranked"):
+            raise ConfigError("speculate", f"must be off, all or ranked, got {self.speculate!r}")
+        if not self.tau > 0:
+            raise ConfigError("tau", f"must be > 0, got {self.tau}")
+        if self.et_min_answers < 1:
+            raise ConfigError("et_min_answers", f"must be >= 1, got {self.et_min_answers}")
+        if self.et_alpha < 0:
+            raise ConfigError("et_alpha", f"must be >= 0, got {self.et_alpha}")
+        if self.max_speculative_per_query < 1:
+            raise ConfigError("max_speculative_per_query", "must be >= 1")
+        if self.round_rewards and self.speculate != "off":
+            raise ConfigError("round_rewards", "speculative modes score as results arrive")
+
+
+MODES: dict[str, Speculation] = {
+    "baseline": Speculation(),
+    "naive": Speculation(speculate="all", round_rewards=False),
+    "spex": Speculation(speculate="ranked", budget=True, round_rewards=False),
+    "specscale": Speculation(
+        speculate="all", ep=True, dedup=True, lv=LazyVerification(), round_rewards=False
+    ),
+    "full": Speculation(
+        speculate="ranked",
+        budget=True,
+        ep=True,
+        dedup=True,
+        lv=LazyVerification(),
+        round_rewards=False,
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     """How queries run.
 
-    - ``mode``: executor mode (see ``MODES``).
+    - ``mode``: a name in ``MODES``; ``speculation_overrides`` changes single switches.
     - ``seed``: base seed; every node's sampling seed derives from it and the node id, so a
-      node's text does not depend on scheduling.
+      node's text does not depend on scheduling or mode.
     - ``max_concurrency``: queries in flight at once in ``batch``/``abatch``.
     - ``query_timeout_s``: per-query deadline (None: none).
     - ``goodput_deadline_s``: a correct answer counts towards goodput only within it.
@@ -34,6 +121,8 @@ class ExecutorConfig:
     query_timeout_s: float | None = None
     goodput_deadline_s: float = 60.0
     max_nodes: int = 10_000
+    speculation_overrides: Mapping[str, Any] = field(default_factory=dict)
+    speculation: Speculation = field(init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -48,3 +137,13 @@ class ExecutorConfig:
             raise ConfigError("goodput_deadline_s", f"must be > 0, got {self.goodput_deadline_s}")
         if self.max_nodes < 2:
             raise ConfigError("max_nodes", f"must be >= 2, got {self.max_nodes}")
+        known = {f.name for f in fields(Speculation)}
+        for key in self.speculation_overrides:
+            if key not in known:
+                raise ConfigError(f"speculation.{key}", f"unknown switch; known: {sorted(known)}")
+        overrides = dict(self.speculation_overrides)
+        if isinstance(overrides.get("lv"), Mapping):
+            overrides["lv"] = LazyVerification(**overrides["lv"])
+        if overrides.get("speculate", MODES[self.mode].speculate) != "off":
+            overrides.setdefault("round_rewards", False)
+        object.__setattr__(self, "speculation", replace(MODES[self.mode], **overrides))

@@ -110,6 +110,7 @@ def test_max_tokens_and_length(make_engine: Any) -> None:
 def test_synthetic_workload_random_model(make_engine: Any) -> None:
     """Random-weight model from a config dict (no file), lognormal step lengths."""
     from engine_fixtures import assert_pool_free
+
     from spec_tot.adapters.local.config import EngineConfig, SyntheticWorkload
     from spec_tot.adapters.local.engine import LLMEngine
     from spec_tot.adapters.local.synthetic import synthetic_prompt_ids, synthetic_step_len

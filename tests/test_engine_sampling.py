@@ -8,9 +8,9 @@ import pytest
 import torch
 from engine_fixtures import make_engine, run_all, tiny_llama
 from scipy.stats import chisquare
+
 from spec_tot.adapters.local.sampler import Sampler, draw_uniforms
 from spec_tot.adapters.local.sequence import member_seed
-
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 __all__ = ["make_engine", "tiny_llama"]

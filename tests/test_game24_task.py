@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from spec_tot.graphs import game24_task as g24
 
 from spec_tot.errors import ConfigError
+from spec_tot.graphs import game24_task as g24
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

@@ -158,7 +158,9 @@ class LocalBackend(GenerationBackend, RewardBackend):
                 pass
             if running and engine.has_unfinished():
                 try:
-                    self._deliver(engine.step())
+                    results = engine.step()
+                    self._stats = engine.stats()  # before waking anyone: callers see it
+                    self._deliver(results)
                 except Exception as exc:  # fail every waiter, keep the thread alive
                     error = BackendError("local", f"engine step failed: {exc!r}")
                     engine.abort_all()
@@ -195,6 +197,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
                 error = exc
         elif kind == "abort":
             results = engine.abort(payload)
+            self._stats = engine.stats()
             self._deliver(results)
             value = len(results)
         elif kind == "abort_exact":

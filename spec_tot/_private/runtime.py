@@ -1,22 +1,27 @@
-"""The baseline runtime: one ``QueryRunner`` per query, all sharing one backend.
+"""The runtime: one ``QueryRunner`` per query, all sharing one backend, one reward router and
+(for SPEX T2) one speculative budget.
 
-Rounds run as search-and-learn runs them: every committed expansion of a round is generated,
-the round's candidates are scored together in one reward batch once every live branch has
-reached its reward node, then the policy selects. A query's failure, timeout or cancellation
-touches no other query, and always ends with ``abort(query_id)`` so that it leaves no
-in-flight request behind.
+The consumer loop takes committed nodes as they are scored, tells the policy, commits what it
+selects and speculates on what it predicts. Speculative children get the ids the committed
+search would give them (``parent/i``) and seeds derived from those ids, so an adopted
+speculative node is exactly the node the baseline would have generated. A query's failure,
+timeout or cancellation touches no other query and always ends with ``abort(query_id)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from spec_tot._private.compiled import CompiledGraph, apply_update, maybe_await, stable_seed
 from spec_tot._private.scoring import RewardRouter
+from spec_tot._private.speculation import (
+    SpeculationBudget,
+    early_prune_threshold,
+    should_terminate,
+)
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ExecutionError
@@ -26,7 +31,7 @@ from spec_tot.policies.base import Answer, Expansion, SearchPolicy
 from spec_tot.requests import FinishReason, GenerateRequest, Priority
 from spec_tot.tree import Node, NodeStatus, SearchTree, aggregate_scores
 
-__all__ = ["QueryOutcome", "QueryRunner"]
+__all__ = ["QueryOutcome", "QueryRunner", "record_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +43,7 @@ class QueryOutcome:
 
 
 class QueryRunner:
-    """Runs one query's search to completion under the baseline schedule."""
+    """Runs one query's search to completion under the configured mode."""
 
     def __init__(
         self,
@@ -50,7 +55,8 @@ class QueryRunner:
         rewards: RewardRouter,
         recorder: MetricsRecorder,
         config: ExecutorConfig,
-        answer_fn: Any,
+        answer_fn: Callable[[State], str | None],
+        budget: SpeculationBudget | None = None,
     ) -> None:
         self.graph = graph
         self.tree = tree
@@ -59,13 +65,19 @@ class QueryRunner:
         self.rewards = rewards
         self.recorder = recorder
         self.config = config
+        self.spec = config.speculation
         self.answer_fn = answer_fn
+        self.budget = budget
         self._reported: asyncio.Queue[Node] = asyncio.Queue()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._committed_events: dict[str, asyncio.Event] = {}
         self._outstanding = 0
+        self._round: list[Node] = []  # committed children of the latest commit
         self._errors: list[str] = []
         self._truncated = False
+        self._closed = False
 
+    # -- the consumer loop --------------------------------------------------------------------
     async def run(self) -> QueryOutcome:
         try:
             await self._search()
@@ -82,50 +94,159 @@ class QueryRunner:
         if resume is None:
             self._errors.append("the graph reached END before any thought node")
             return
-        self._launch(self.policy.initial(self.tree))
+        self._commit(self.policy.initial(self.tree))
+        self._speculate()
         while self._outstanding:
             batch = [await self._reported.get()]
             while not self._reported.empty():
                 batch.append(self._reported.get_nowait())
             self._outstanding -= len(batch)
             batch.sort(key=lambda n: n.seq)
+            if self.spec.ep:
+                self._early_prune()
             expansions = self.policy.on_reward(self.tree, batch)
-            if self.policy.done(self.tree):
+            if self.policy.done(self.tree) or (
+                self.spec.early_termination
+                and should_terminate(self.tree, self.spec.et_min_answers, self.spec.et_alpha)
+            ):
                 return
-            self._launch(expansions)
+            if expansions and self.policy.discards_unselected:
+                self._discard_unselected(expansions)
+            self._commit(expansions)
+            self._speculate()
 
-    def _launch(self, expansions: Sequence[Expansion]) -> None:
+    # -- committing and speculating -----------------------------------------------------------
+    def _commit(self, expansions: Sequence[Expansion]) -> None:
+        if expansions:
+            self._round = []
         for expansion in expansions:
-            parent = self.tree.get(expansion.parent_id)
-            if parent is None or parent.status is not NodeStatus.SCORED or parent.terminal:
-                raise ExecutionError(
-                    f"policy {self.policy.name!r} asked to expand {expansion.parent_id!r}, "
-                    "which is not a scored non-terminal node"
-                )
-            if parent.resume_at is None:
-                raise ExecutionError(f"node {parent.id!r} has no thought node to resume at")
-            for _ in range(expansion.width):
+            parent = self._expandable(expansion.parent_id)
+            spare = [
+                c for c in parent.children if c.speculative and c.status is not NodeStatus.CANCELLED
+            ]
+            for child in spare[: expansion.width]:
+                self._adopt(child)
+            for child in spare[expansion.width :]:
+                self._cancel(child)
+            for _ in range(expansion.width - min(len(spare), expansion.width)):
                 if len(self.tree) >= self.config.max_nodes:
                     self._truncated = True
                     return
-                child = self.tree.add_child(parent)
-                child.status = NodeStatus.RUNNING
-                self._start_segment(child, parent.resume_at, parent.state)
+                self._start(self.tree.add_child(parent), parent)
 
-    def _start_segment(self, child: Node, thought: str, state: State) -> None:
+    def _expandable(self, node_id: str) -> Node:
+        parent = self.tree.get(node_id)
+        if parent is None or parent.status is not NodeStatus.SCORED or parent.terminal:
+            raise ExecutionError(
+                f"policy {self.policy.name!r} asked to expand {node_id!r}, "
+                "which is not a scored non-terminal node"
+            )
+        return parent
+
+    def _adopt(self, child: Node) -> None:
+        child.speculative = False
+        self.recorder.speculative_hits += 1
+        if self.budget is not None:
+            self.budget.hit(self.tree.query_id)
+        self._round.append(child)
         self._outstanding += 1
-        self.rewards.segment_started(self.tree.query_id)
-        task = asyncio.create_task(self._segment(child, thought, state), name=child.id)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        event = self._committed_events.pop(child.id, None)
+        if event is not None:
+            event.set()
+        task = self._tasks.get(child.id)
+        if task is not None and not task.done():  # still running: it reports when scored
+            child.status = NodeStatus.RUNNING
+            self.rewards.segment_adopted(self.tree.query_id)
+            self.rewards.promote(child.id)
+        else:
+            child.status = NodeStatus.SCORED if child.reward is not None else NodeStatus.CANCELLED
+            self._reported.put_nowait(child)
 
+    def _speculate(self) -> None:
+        if self.spec.speculate == "off" or self._closed:
+            return
+        running = sum(1 for c in self._tasks if self.tree[c].speculative)
+        room = self.spec.max_speculative_per_query - running
+        if room <= 0:
+            return
+        candidates = self.policy.predict(self.tree, room)
+        if not candidates:
+            return
+        if self.budget is not None:
+            wanted = sum(c.width for c in candidates)
+            best = max(c.utility for c in candidates)
+            room = self.budget.grant(self.tree.query_id, wanted, best)
+        for candidate in candidates:
+            parent = self.tree.get(candidate.parent_id)
+            if room <= 0 or len(self.tree) >= self.config.max_nodes:
+                return
+            if parent is None or parent.status is not NodeStatus.SCORED or parent.terminal:
+                continue
+            if parent.children or parent.resume_at is None:
+                continue
+            for _ in range(min(candidate.width, room)):
+                self._start(self.tree.add_child(parent, speculative=True), parent)
+                room -= 1
+
+    def _start(self, child: Node, parent: Node) -> None:
+        assert parent.resume_at is not None  # checked by the policy contract and _speculate
+        if child.speculative:
+            self.recorder.speculative_nodes += 1
+            if self.budget is not None:
+                self.budget.started(self.tree.query_id)
+        else:
+            child.status = NodeStatus.RUNNING
+            self._round.append(child)
+            self._outstanding += 1
+        self.rewards.segment_started(self.tree.query_id, speculative=child.speculative)
+        task = asyncio.create_task(
+            self._segment(child, parent.resume_at, parent.state), name=child.id
+        )
+        self._tasks[child.id] = task
+        task.add_done_callback(self._forget_task)
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task.get_name(), None)
+
+    # -- pruning ------------------------------------------------------------------------------
+    def _early_prune(self) -> None:
+        keep = self.policy.keep_count(self.tree)
+        if keep is None:
+            return
+        threshold = early_prune_threshold(self._round, keep)
+        if threshold is None:
+            return
+        for node in self._round:
+            below = node.reward is not None and node.reward < threshold
+            if node.status is NodeStatus.SCORED and not node.terminal and below:
+                node.status = NodeStatus.PRUNED
+                for child in node.children:
+                    self._cancel(child)
+
+    def _discard_unselected(self, expansions: Sequence[Expansion]) -> None:
+        selected = {e.parent_id for e in expansions}
+        for node in self._round:
+            if node.id not in selected:
+                for child in node.children:
+                    if child.speculative:
+                        self._cancel(child)
+
+    def _cancel(self, node: Node) -> None:
+        for sub in node.subtree():
+            if sub.status is not NodeStatus.CANCELLED and sub.speculative:
+                sub.status = NodeStatus.CANCELLED
+            task = self._tasks.get(sub.id)
+            if task is not None:
+                task.cancel()
+
+    # -- one branch ---------------------------------------------------------------------------
     async def _segment(self, child: Node, thought: str, state: State) -> None:
         """Generate ``child`` at ``thought``, walk to its reward, score it, walk on to the next
-        thought or END. Always reports the child, scored or cancelled."""
+        thought or END. A committed child is always reported, scored or cancelled."""
         reached_reward = False
+        speculative_at_start = child.speculative
         try:
-            position: str = thought
-            first = True
+            position, first = thought, True
             while self.graph.kind(position) is not NodeKind.REWARD:
                 node = self.graph.nodes[position]
                 if node.kind is NodeKind.THOUGHT:
@@ -143,22 +264,27 @@ class QueryRunner:
                 position = self.graph.next(position, state)
                 if position == END:
                     raise ExecutionError(f"branch reached END from {thought!r} without a reward")
-            reward_node = self.graph.nodes[position]
-            reached_reward = True  # from here the router accounts for this branch
-            step_scores = await self.rewards.score(self.tree.query_id, child.id, reward_node, state)
+            reached_reward = True  # from here the reward router accounts for this branch
+            step_scores = await self.rewards.score(
+                self.tree.query_id,
+                child.id,
+                self.graph.nodes[position],
+                state,
+                speculative=child.speculative,
+            )
             child.step_scores = step_scores
             child.reward = aggregate_scores(step_scores, self.policy.aggregation)
             state = {**state, "reward": child.reward, "step_scores": step_scores}
-            after = self.graph.next(position, state)
             resume, state = await self.graph.walk_to_thought(
-                after, state, lambda tool: self._before_tool(child, tool)
+                self.graph.next(position, state),
+                state,
+                lambda tool: self._before_tool(child, tool),
             )
-            child.state = state
-            child.resume_at = resume
-            child.terminal = resume is None
+            child.state, child.resume_at, child.terminal = state, resume, resume is None
             if child.terminal:
                 child.answer = self.answer_fn(state)
-            child.status = NodeStatus.SCORED
+            if not child.speculative:
+                child.status = NodeStatus.SCORED
         except asyncio.CancelledError:
             child.status = NodeStatus.CANCELLED
             raise
@@ -167,45 +293,67 @@ class QueryRunner:
             self._errors.append(f"{child.id}: {type(exc).__name__}: {exc}")
         finally:
             if not reached_reward:
-                self.rewards.segment_ended_unscored(self.tree.query_id)
-            self._reported.put_nowait(child)
+                self.rewards.segment_ended_unscored(
+                    self.tree.query_id, speculative=child.speculative
+                )
+            if speculative_at_start and self.budget is not None:
+                self.budget.finished(self.tree.query_id)
+            if not child.speculative:
+                self._reported.put_nowait(child)
+            elif child.status is not NodeStatus.CANCELLED:
+                # A finished speculative node frees a slot: keep the engine busy.
+                asyncio.get_running_loop().call_soon(self._speculate)
 
     async def _generate(
         self, child: Node, node: GraphNode, state: State, *, first: bool
     ) -> str | None:
         assert node.prompt is not None and node.sampling is not None
         request_id = child.id if first else f"{child.id}/@{node.name}"
+        speculative = child.speculative
         request = GenerateRequest(
             request_id=request_id,
             prompt=node.prompt(state),
             sampling=replace(node.sampling, seed=stable_seed(self.config.seed, request_id)),
-            priority=Priority.COMMITTED,
-            speculative=False,
+            priority=Priority.SPECULATIVE if speculative else Priority.COMMITTED,
+            speculative=speculative,
         )
         self.recorder.request_started()
+        if self.budget is not None and not speculative:
+            self.budget.committed += 1
         try:
             result = await self.backend.generate(request)
         finally:
             self.recorder.request_finished()
+            if self.budget is not None and not speculative:
+                self.budget.committed -= 1
         completion = result.completions[0]
         child.num_tokens += completion.num_tokens
         if completion.finish_reason is FinishReason.ABORT:
             child.status = NodeStatus.CANCELLED
             return None
-        child.text = completion.text if first else child.text
-        child.token_ids = completion.token_ids if first else child.token_ids
+        if first:
+            child.text, child.token_ids = completion.text, completion.token_ids
         return completion.text
 
     async def _before_tool(self, child: Node, tool: GraphNode) -> None:
-        """Baseline branches are all committed: tools run at once. The speculative executor
-        overrides this to hold non-speculable tools until the branch is committed."""
+        """A non-speculable tool runs only on a committed branch: wait for adoption."""
+        if child.speculative and not (tool.speculable and tool.pure):
+            event = self._committed_events.setdefault(child.id, asyncio.Event())
+            await event.wait()
 
     async def _shutdown(self) -> None:
-        for task in self._tasks:
+        self._closed = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
             task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for node in self.tree.nodes():
+            if node.speculative and node.status is not NodeStatus.CANCELLED:
+                node.status = NodeStatus.CANCELLED  # never adopted: wasted work
         self.rewards.forget(self.tree.query_id)
+        if self.budget is not None:
+            self.budget.forget(self.tree.query_id)
         await self.backend.abort(self.tree.query_id)
 
 
@@ -213,10 +361,10 @@ async def _no_wait(_tool: GraphNode) -> None:
     return None
 
 
-def record_for(outcome_tree: SearchTree, status: str, solved: bool, started: float) -> QueryRecord:
-    nodes = list(outcome_tree.nodes())
+def record_for(tree: SearchTree, status: str, solved: bool, started: float) -> QueryRecord:
+    nodes = list(tree.nodes())
     return QueryRecord(
-        query_id=outcome_tree.query_id,
+        query_id=tree.query_id,
         status=status,
         solved=solved,
         latency_s=time.perf_counter() - started,

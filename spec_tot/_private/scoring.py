@@ -1,27 +1,35 @@
-"""Reward batching for the baseline schedule.
+"""Reward batching: when the branches waiting at reward nodes are scored, and with whom.
 
-Branches of one query wait at their reward node; the query's batch is scored in one call
-(per scorer) once every live unscored branch of the query is waiting, which is exactly a
-search-and-learn round. Scores are normalised to a tuple of per-step floats.
+Three flush rules, one router:
+- ``round`` (baseline): a query's batch is scored once every live committed branch of the
+  query waits, which is exactly a search-and-learn round.
+- ``eager`` (naive): everything waiting is scored at the next loop tick.
+- lazy verification (SpecScale LV): one queue across queries, scored when pending tokens reach
+  a threshold, a query's committed sibling group is complete, an item was deferred too often,
+  the oldest item waited too long, or too many speculative items wait.
+Scores are normalised to a tuple of per-step floats.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from spec_tot._private.compiled import maybe_await
 from spec_tot.backends import RewardBackend
+from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
 from spec_tot.graph import GraphNode, State
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import RewardItem
 
-__all__ = ["RewardRouter", "call_scorer"]
+__all__ = ["FlushRule", "RewardRouter", "call_scorer"]
 
 Scorer = RewardBackend | Any
+FlushRule = Literal["round", "eager"] | LazyVerification
 
 
 async def call_scorer(scorer: Scorer, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
@@ -50,68 +58,177 @@ def _tokens(scorer: Scorer, item: RewardItem) -> int:
 
 @dataclass(slots=True)
 class _Pending:
+    query_id: str
     scorer: Scorer
     item: RewardItem
+    speculative: bool
+    tokens: int
     future: asyncio.Future[tuple[float, ...]]
+    counted: bool = False  # counts in its query's committed group
+    deferrals: int = 0
 
 
 @dataclass(slots=True)
-class _QueryBatch:
-    unscored: int = 0
-    pending: list[_Pending] = field(default_factory=list)
+class _Query:
+    committed_unscored: int = 0
+    pending_committed: int = 0
+
+    @property
+    def group_complete(self) -> bool:
+        return 0 < self.committed_unscored <= self.pending_committed
+
+
+@dataclass(slots=True)
+class _Queue:
+    items: list[_Pending] = field(default_factory=list)
+    oldest: float = 0.0
 
 
 class RewardRouter:
-    """Per-query round batching of reward calls (shared by all queries of a run)."""
+    """Shared by all queries of a run (one event loop; no locks)."""
 
-    def __init__(self, default_scorer: Scorer | None, recorder: MetricsRecorder) -> None:
+    def __init__(
+        self, default_scorer: Scorer | None, recorder: MetricsRecorder, rule: FlushRule = "round"
+    ) -> None:
         self._default = default_scorer
         self._recorder = recorder
-        self._queries: dict[str, _QueryBatch] = {}
-        self._flushes: set[asyncio.Task[None]] = set()
+        self._rule = rule
+        self._queries: dict[str, _Query] = {}
+        self._pending: dict[str, _Queue] = {}  # round rule: per query; others: one ("")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick_scheduled = False
 
-    def segment_started(self, query_id: str) -> None:
-        self._queries.setdefault(query_id, _QueryBatch()).unscored += 1
+    # -- branch accounting (committed branches only decide a round) --------------------------
+    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+        if not speculative:
+            self._queries.setdefault(query_id, _Query()).committed_unscored += 1
 
-    def segment_ended_unscored(self, query_id: str) -> None:
-        batch = self._queries.get(query_id)
-        if batch is not None:
-            batch.unscored -= 1
-            self._maybe_flush(batch)
+    def segment_adopted(self, query_id: str) -> None:
+        """A running speculative branch became committed before it was scored."""
+        self._queries.setdefault(query_id, _Query()).committed_unscored += 1
+
+    def segment_ended_unscored(self, query_id: str, *, speculative: bool) -> None:
+        query = self._queries.get(query_id)
+        if query is not None and not speculative:
+            query.committed_unscored -= 1
+            self._check(query_id)
 
     def forget(self, query_id: str) -> None:
-        batch = self._queries.pop(query_id, None)
-        if batch is not None:
-            for pending in batch.pending:
-                pending.future.cancel()
+        self._queries.pop(query_id, None)
+        for key, queue in list(self._pending.items()):
+            for p in queue.items:
+                if p.query_id == query_id:
+                    p.future.cancel()
+            queue.items = [p for p in queue.items if p.query_id != query_id]
+            if not queue.items:
+                del self._pending[key]
 
+    # -- scoring ------------------------------------------------------------------------------
     async def score(
-        self, query_id: str, node_id: str, reward_node: GraphNode, state: State
+        self,
+        query_id: str,
+        node_id: str,
+        reward_node: GraphNode,
+        state: State,
+        *,
+        speculative: bool,
     ) -> tuple[float, ...]:
         scorer = reward_node.scorer if reward_node.scorer is not None else self._default
         if scorer is None or reward_node.reward_input is None:
             raise ExecutionError(f"reward node {reward_node.name!r} has no scorer")
         question, steps = reward_node.reward_input(state)
         item = RewardItem(request_id=node_id, question=question, steps=tuple(steps))
-        future: asyncio.Future[tuple[float, ...]] = asyncio.get_running_loop().create_future()
-        batch = self._queries.setdefault(query_id, _QueryBatch())
-        batch.pending.append(_Pending(scorer, item, future))
-        self._maybe_flush(batch)
+        loop = asyncio.get_running_loop()
+        pending = _Pending(
+            query_id, scorer, item, speculative, _tokens(scorer, item), loop.create_future()
+        )
+        query = self._queries.setdefault(query_id, _Query())
+        key = query_id if self._rule == "round" else ""
+        queue = self._pending.setdefault(key, _Queue(oldest=time.perf_counter()))
+        if not queue.items:
+            queue.oldest = time.perf_counter()
+        queue.items.append(pending)
+        if not speculative:
+            pending.counted = True
+            query.pending_committed += 1
+        self._check(query_id)
         try:
-            return await future
+            return await pending.future
         finally:
-            batch.unscored -= 1
-            self._maybe_flush(batch)
+            if pending.counted:
+                query.pending_committed -= 1
+                query.committed_unscored -= 1
+            self._check(query_id)
 
-    def _maybe_flush(self, batch: _QueryBatch) -> None:
-        if not batch.pending or len(batch.pending) < batch.unscored:
+    def promote(self, node_id: str) -> None:
+        """A branch waiting at its reward was adopted: it now counts for its round."""
+        for queue in self._pending.values():
+            for p in queue.items:
+                if p.item.request_id == node_id and p.speculative:
+                    p.speculative = False
+                    p.counted = True
+                    self._queries.setdefault(p.query_id, _Query()).pending_committed += 1
+                    self._check(p.query_id)
+                    return
+
+    def _check(self, query_id: str) -> None:
+        rule = self._rule
+        if rule == "round":
+            query = self._queries.get(query_id)
+            if query is not None and query.group_complete:
+                self._flush(query_id)
+        elif rule == "eager":
+            if self._pending.get("") and not self._tick_scheduled:
+                self._tick_scheduled = True
+                asyncio.get_running_loop().call_soon(self._on_tick)
+        else:
+            self._check_lazy(rule)
+
+    def _on_tick(self) -> None:
+        self._tick_scheduled = False
+        self._flush("")
+
+    def _check_lazy(self, lv: LazyVerification) -> None:
+        queue = self._pending.get("")
+        if not queue or not queue.items:
             return
-        pending, batch.pending = batch.pending, []
-        task = asyncio.get_running_loop().create_task(self._flush(pending))
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
+        items = queue.items
+        reasons = (
+            sum(p.tokens for p in items) >= lv.token_threshold,
+            any(q.group_complete for q in self._queries.values()),
+            max(p.deferrals for p in items) >= lv.max_deferrals,
+            sum(p.speculative for p in items) >= lv.spec_flush,
+            time.perf_counter() - queue.oldest >= lv.max_wait_s,
+        )
+        if any(reasons):
+            self._flush("")
+            return
+        for p in items:
+            p.deferrals += 1
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(lv.max_wait_s, self._on_timer)
 
-    async def _flush(self, pending: list[_Pending]) -> None:
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._pending.get(""):
+            self._flush("")
+
+    def _flush(self, key: str) -> None:
+        if key == "" and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        queue = self._pending.pop(key, None)
+        if queue is None or not queue.items:
+            return
+        # Committed work first: its scores unblock the policy.
+        batch = sorted(queue.items, key=lambda p: p.speculative)
+        task = asyncio.get_running_loop().create_task(self._run(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, pending: list[_Pending]) -> None:
         groups: dict[int, list[_Pending]] = {}
         for entry in pending:
             groups.setdefault(id(entry.scorer), []).append(entry)
@@ -122,7 +239,7 @@ class RewardRouter:
             scorer = live[0].scorer
             items = [p.item for p in live]
             try:
-                self._recorder.reward_call(len(items), sum(_tokens(scorer, i) for i in items))
+                self._recorder.reward_call(len(items), sum(p.tokens for p in live))
                 scores = await call_scorer(scorer, items)
             except Exception as exc:
                 for p in live:

@@ -89,12 +89,13 @@ def rank(nodes: Iterable[Node], score: ScoreFn) -> list[Node]:
 
 
 def expandable(node: Node, max_depth: int) -> bool:
-    """A scored, non-terminal node below the depth limit that has no children yet."""
+    """A scored, non-terminal node below the depth limit with no committed children yet
+    (speculative children may exist: the executor adopts them when it is expanded)."""
     return (
         node.status is NodeStatus.SCORED
         and not node.terminal
         and node.depth < max_depth
-        and not node.children
+        and all(child.speculative for child in node.children)
     )
 
 

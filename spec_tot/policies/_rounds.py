@@ -26,6 +26,8 @@ __all__ = ["RoundPolicy"]
 
 
 class RoundPolicy(SearchPolicy):
+    discards_unselected = True
+
     def __init__(self, max_depth: int, aggregation: str, vote: str) -> None:
         check_positive("max_depth", max_depth)
         self.max_depth = max_depth

@@ -66,6 +66,9 @@ class SearchPolicy(ABC):
 
     name: ClassVar[str]
     aggregation: Aggregation = "last"
+    # True when a node of a finished round that the round did not expand is never expanded
+    # later (BFS policies): the executor then cancels speculative work under it at once.
+    discards_unselected: ClassVar[bool] = False
 
     @abstractmethod
     def initial(self, tree: SearchTree) -> list[Expansion]: ...

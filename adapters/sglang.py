@@ -1,0 +1,389 @@
+"""SGLang backend: an HTTP client of SGLang's native API (no ``import sglang``).
+
+Protocol facts this relies on (SGLang ``io_struct.py`` / ``tokenizer_manager.py`` /
+``scheduler.py``):
+
+- ``POST /generate`` takes ``text`` or ``input_ids``, ``sampling_params`` (``n``,
+  ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``stop``, ``stop_token_ids``),
+  ``rid``, ``stream``, ``priority``, ``return_logprob``, ``token_ids_logprob``. One prompt
+  with n = 1 answers one object ``{text, output_ids, meta_info}``; n > 1 answers a list and
+  expands a string rid to ``f"{rid}_{i}"``. Streaming is SSE, ``data: {...}`` with
+  cumulative text, ``index`` per sample, ending ``data: [DONE]``.
+- ``POST /abort_request {"rid"}`` is a no-op unless ``rid`` is exactly a live request id; the
+  scheduler then aborts every rid that *starts with* it (a raw string prefix). So this client
+  tracks its own requests, aborts each exact server rid itself, and sends prefix-free wire rids
+  (``{request_id}#{serial}#``) so one abort never hits a sibling such as ``q/n1`` vs ``q/n10``.
+- ``GET /get_server_info`` holds ``max_running_requests``, ``max_total_num_tokens``,
+  ``enable_priority_scheduling`` (a ``priority`` is only sent where it is on), and
+  ``schedule_low_priority_values_first``.
+- ``POST /classify {"text": [...]}`` (a reward model under ``--is-embedding``) answers a list
+  of ``{"embedding": [reward, ...]}``; the reward is a raw logit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.errors import BackendError, ConfigError
+from spec_tot.requests import (
+    Capabilities,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    Priority,
+)
+
+from ._common import aborted_result, matches_prefix, split_http_options, sse_events
+from ._http import EndpointPool, HttpConfig, query_key
+from ._sglang_parts import Member, SGLangRewards, WireGroup, parse_output
+
+__all__ = ["SGLangBackend", "SGLangConfig", "create_sglang"]
+
+_DEFAULT_URLS = ("http://127.0.0.1:30000",)
+
+
+@dataclass(frozen=True, slots=True)
+class SGLangConfig:
+    """``reward``: ``"classify"`` (a reward model served with ``--is-embedding``; its logit
+    goes through a sigmoid unless ``reward_sigmoid`` is off) or ``"generative"`` (a policy-
+    style judge scored by P(good token) from one greedy token with ``return_logprob``)."""
+
+    urls: tuple[str, ...] = _DEFAULT_URLS
+    stream: bool = False
+    dedup: bool = True
+    dedup_window_s: float = 0.0  # 0: merge what arrives in the same event-loop tick
+    reward: str = "classify"
+    reward_sigmoid: bool = True
+    reward_per_step: bool = False  # classify: score every step prefix, not just the trace
+    reward_template: str = "{question}\n{steps}"
+    judge_suffix: str = "\nIs the last step correct? Answer:"
+    good_token_id: int | None = None
+    bad_token_id: int | None = None
+    saturation_batch: int | None = None
+    http: HttpConfig = field(default_factory=HttpConfig)
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ConfigError("urls", "give at least one SGLang URL")
+        if self.reward not in ("classify", "generative"):
+            raise ConfigError("reward", f"must be 'classify' or 'generative', not {self.reward!r}")
+        if self.reward == "generative" and self.good_token_id is None:
+            raise ConfigError("good_token_id", "the generative PRM needs the 'good' token id")
+
+
+class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
+    def __init__(self, config: SGLangConfig, pool: EndpointPool | None = None) -> None:
+        self.config = config
+        self.pool = pool or EndpointPool(list(config.urls), config.http)
+        self._info: dict[str, Any] | None = None
+        self._members: dict[str, Member] = {}
+        self._groups: dict[str, WireGroup] = {}
+        self._collecting: dict[Any, WireGroup] = {}
+        self._serial = itertools.count(1)
+        self._side: set[asyncio.Task[Any]] = set()
+        self.counters = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
+
+    # -- contract ----------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> Capabilities:
+        info = self._info or {}
+        per_worker = int(info.get("max_running_requests") or 256)
+        total = per_worker * len(self.pool.urls)
+        return Capabilities(
+            prefix_cache=True,
+            engine_dedup=self.config.dedup,
+            streaming=self.config.stream,
+            saturation_batch=self.config.saturation_batch or total,
+            max_running_requests=total,
+            name="sglang",
+            extra={
+                "workers": float(len(self.pool.urls)),
+                "max_total_num_tokens": float(info.get("max_total_num_tokens") or 0),
+            },
+        )
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._members)
+
+    def stats(self) -> dict[str, float]:
+        attempts = sum(e.attempts for e in self.pool.endpoints.values())
+        return {**{k: float(v) for k, v in self.counters.items()}, "http_attempts": attempts}
+
+    def progress(self, request_id: str) -> int:
+        """Tokens streamed so far for a request (streaming mode), 0 when unknown."""
+        member = self._members.get(request_id)
+        if member is None:
+            return 0
+        group = next((g for g in self._groups.values() if member in g.members), None)
+        if group is None:
+            return 0
+        span = range(member.offset, member.offset + member.request.n)
+        return max((group.progress.get(i, 0) for i in span), default=0)
+
+    async def server_info(self) -> dict[str, Any]:
+        """``/get_server_info`` of one worker, cached; capabilities are sized from it."""
+        if self._info is None:
+            _, info = await self.pool.json("GET", "/get_server_info")
+            self._info = info if isinstance(info, dict) else {}
+        return self._info
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.request_id in self._members:
+            raise BackendError("sglang", f"duplicate in-flight request id {request.request_id!r}")
+        if self._info is None:
+            try:
+                await self.server_info()
+            except BackendError:
+                self._info = None  # generate() fails over on its own; sizes stay default
+        member = Member(request, asyncio.get_running_loop().create_future())
+        self._members[request.request_id] = member
+        self._join(member)
+        try:
+            return await member.future
+        except asyncio.CancelledError:
+            member.future.cancel()
+            self._maybe_stop(member)
+            raise
+        finally:
+            self._members.pop(request.request_id, None)
+
+    async def abort(self, prefix: str) -> int:
+        hit = [
+            m
+            for rid, m in self._members.items()
+            if matches_prefix(rid, prefix) and not m.future.done() and not m.aborted
+        ]
+        for member in hit:
+            member.aborted = True
+        for group in {
+            id(g): g for g in self._groups.values() if any(m in hit for m in g.members)
+        }.values():
+            if all(m.aborted or m.future.done() for m in group.members):
+                group.aborted = True
+                if group.endpoint is not None:  # running: the server answers with partials
+                    await self._abort_on_server(group)
+                elif group.task is not None:  # never sent: nothing on the server
+                    group.task.cancel()
+                    for m in group.live():
+                        m.future.set_result(aborted_result(m.request))
+            else:  # others still want this wire request: answer these now, keep it running
+                for m in group.live():
+                    if m.aborted:
+                        m.future.set_result(aborted_result(m.request))
+        return len(hit)
+
+    async def aclose(self) -> None:
+        for group in list(self._groups.values()):
+            if group.task is not None:
+                group.task.cancel()
+        tasks = [g.task for g in self._groups.values() if g.task is not None]
+        await asyncio.gather(*tasks, *self._side, return_exceptions=True)
+        await self.pool.aclose()
+
+    # -- dedup and dispatch --------------------------------------------------------------------
+    def _key(self, request: GenerateRequest) -> Any:
+        sampling = dataclasses.replace(request.sampling, seed=None)
+        return (
+            request.prompt,
+            request.prompt_ids,
+            sampling,
+            request.priority,
+            query_key(request.request_id),
+        )
+
+    def _join(self, member: Member) -> None:
+        key = self._key(member.request) if self.config.dedup else object()
+        group = self._collecting.get(key)
+        if group is None or not group.open:
+            wire = f"{member.request.request_id}#{next(self._serial)}#"
+            group = WireGroup(key, wire)
+            self._collecting[key] = group
+            self._groups[wire] = group
+            group.task = asyncio.create_task(self._run(group))
+            # A task cancelled before its first step never runs its finally: clean up here.
+            group.task.add_done_callback(functools.partial(self._forgotten, group))
+        else:
+            self.counters["merged"] += 1
+        member.offset = group.n
+        group.n += member.request.n
+        group.members.append(member)
+
+    def _forgotten(self, group: WireGroup, _task: asyncio.Task[None]) -> None:
+        self._forget(group)
+
+    def _forget(self, group: WireGroup) -> None:
+        self._groups.pop(group.wire, None)
+        if self._collecting.get(group.key) is group:
+            del self._collecting[group.key]
+        for m in group.live():  # never answered (cancelled early): answer as aborted
+            m.future.set_result(aborted_result(m.request))
+
+    def _maybe_stop(self, member: Member) -> None:
+        """A cancelled caller: stop its wire request once nobody else waits for it."""
+        for group in self._groups.values():
+            if member in group.members and not group.live() and group.task is not None:
+                group.task.cancel()
+
+    async def _run(self, group: WireGroup) -> None:
+        try:
+            if self.config.dedup_window_s > 0:
+                await asyncio.sleep(self.config.dedup_window_s)
+            group.open = False
+            if self._collecting.get(group.key) is group:
+                del self._collecting[group.key]
+            if not group.live():
+                return
+            body = self._body(group)
+            self.counters["wire_requests"] += 1
+            try:
+                outs = await (
+                    self._stream(group, body) if self.config.stream else self._once(group, body)
+                )
+            except asyncio.CancelledError:
+                if group.endpoint is not None and not group.aborted:
+                    job = asyncio.create_task(self._abort_on_server(group))
+                    self._side.add(job)
+                    job.add_done_callback(self._side.discard)
+                    await asyncio.shield(job)
+                raise
+            except BackendError as exc:
+                for m in group.live():
+                    m.future.set_exception(exc)
+                return
+            if len(outs) != group.n:
+                err = BackendError(
+                    group.endpoint or "sglang", f"expected {group.n} outputs, got {len(outs)}"
+                )
+                for m in group.live():
+                    m.future.set_exception(err)
+                return
+            meta = outs[0][0].get("meta_info") or {} if outs else {}
+            for m in group.live():
+                comps = [parse_output(o, ids) for o, ids in outs[m.offset : m.offset + m.request.n]]
+                if m.aborted:
+                    comps = [
+                        dataclasses.replace(c, finish_reason=FinishReason.ABORT) for c in comps
+                    ]
+                m.future.set_result(
+                    GenerateResult(
+                        m.request.request_id,
+                        tuple(comps),
+                        prompt_tokens=int(meta.get("prompt_tokens", 0)),
+                        cached_prompt_tokens=int(meta.get("cached_tokens", 0)),
+                    )
+                )
+        finally:
+            self._forget(group)
+
+    def _body(self, group: WireGroup) -> dict[str, Any]:
+        req = group.members[0].request
+        s = req.sampling
+        params: dict[str, Any] = {
+            "n": group.n,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "top_k": s.top_k,
+            "max_new_tokens": s.max_tokens,
+        }
+        if s.stop:
+            params["stop"] = list(s.stop)
+        if s.stop_token_ids:
+            params["stop_token_ids"] = list(s.stop_token_ids)
+        body: dict[str, Any] = {
+            "sampling_params": params,
+            "rid": group.wire,
+            "stream": self.config.stream,
+        }
+        if req.prompt_ids is not None:
+            body["input_ids"] = list(req.prompt_ids)
+        else:
+            body["text"] = req.prompt
+        info = self._info or {}
+        if info.get("enable_priority_scheduling"):
+            # Ours: lower runs first. SGLang's default runs *higher* values first.
+            low_first = bool(info.get("schedule_low_priority_values_first"))
+            body["priority"] = (
+                int(req.priority) if low_first else (int(Priority.SPECULATIVE) - int(req.priority))
+            )
+        return body
+
+    @staticmethod
+    def _route(group: WireGroup) -> str:
+        return query_key(group.members[0].request.request_id)
+
+    def _where(self, group: WireGroup) -> Any:
+        def note(url: str) -> None:
+            group.endpoint = url
+
+        return note
+
+    async def _once(
+        self, group: WireGroup, body: dict[str, Any]
+    ) -> list[tuple[dict[str, Any], None]]:
+        async with self.pool.send(
+            "POST", "/generate", body, key=self._route(group), on_attempt=self._where(group)
+        ) as (endpoint, response):
+            try:
+                value = json.loads(await response.aread())
+            except (httpx.HTTPError, ValueError) as exc:
+                raise BackendError(endpoint.url + "/generate", f"bad reply: {exc!r}") from exc
+        outs = value if isinstance(value, list) else [value]
+        return [(o, None) for o in outs]
+
+    async def _stream(
+        self, group: WireGroup, body: dict[str, Any]
+    ) -> list[tuple[dict[str, Any], list[int] | None]]:
+        latest: dict[int, dict[str, Any]] = {}
+        ids: dict[int, list[int]] = {}
+        incremental = bool((self._info or {}).get("stream_output"))
+        route, note = self._route(group), self._where(group)
+        async with self.pool.send("POST", "/generate", body, key=route, on_attempt=note) as (
+            endpoint,
+            response,
+        ):
+            async for chunk in sse_events(response, endpoint.url + "/generate"):
+                index = int(chunk.get("index", 0))
+                latest[index] = chunk
+                if incremental:  # --stream-output sends only the new ids
+                    ids.setdefault(index, []).extend(chunk.get("output_ids") or ())
+                meta = chunk.get("meta_info") or {}
+                group.progress[index] = int(meta.get("completion_tokens", 0))
+        return [(latest[i], ids.get(i) if incremental else None) for i in sorted(latest)]
+
+    async def _abort_on_server(self, group: WireGroup) -> None:
+        """Abort each exact server rid of a wire request on the worker that holds it."""
+        if group.endpoint is None:
+            return
+        rids = [group.wire] if group.n == 1 else [f"{group.wire}_{i}" for i in range(group.n)]
+        self.counters["server_aborts"] += 1
+        results = await asyncio.gather(
+            *(
+                self.pool.json("POST", "/abort_request", {"rid": r}, only=group.endpoint)
+                for r in rids
+            ),
+            return_exceptions=True,
+        )
+        del results  # best effort: a dead worker has nothing left to abort
+
+
+def create_sglang(
+    urls: Sequence[str] | None = None, router_url: str | None = None, **options: Any
+) -> SGLangBackend:
+    """Workers by URL (this client routes each query to one worker), or one SGLang router
+    (the router balances; aborts still go through it)."""
+    if router_url is not None and urls:
+        raise ConfigError("router_url", "give urls or router_url, not both")
+    chosen = [router_url] if router_url is not None else list(urls or _DEFAULT_URLS)
+    http = split_http_options(options)
+    return SGLangBackend(SGLangConfig(urls=tuple(chosen), http=http, **options))

@@ -1,0 +1,125 @@
+"""Game of 24 as a ThoughtGraph: propose one step, score it with the PRM, repeat.
+
+Each tree node is one step such as ``8/2=4 (left: 3 4 4)``. A branch ends after three steps
+or at an illegal step. The answer is the trace itself (one step per line), checked by the
+exact solver. Works with every search policy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spec_tot._private.programs import Program
+from spec_tot.app import ToTApp
+from spec_tot.errors import ConfigError
+from spec_tot.graph import END, START, State, ThoughtGraph
+from spec_tot.graphs import game24_task as task
+from spec_tot.requests import SamplingParams
+
+__all__ = [
+    "DEFAULT_SEARCH_PARAMS",
+    "PROGRAM",
+    "build_game24_graph",
+    "compile_game24",
+    "game24_inputs",
+]
+
+# Policy parameters used when the caller gives none (width 8, as the ToT evaluation).
+DEFAULT_SEARCH_PARAMS: dict[str, dict[str, Any]] = {
+    "rebase": {"width": 8, "max_depth": 3},
+    "ets": {"width": 8, "max_depth": 3},
+    "beam": {"n": 8, "width": 4, "max_depth": 3},
+    "dvts": {"n": 8, "width": 4, "max_depth": 3},
+    "best_of_n": {"n": 8, "max_depth": 3, "vote": "best"},
+    "tot_bfs": {"breadth": 5, "width": 8, "max_depth": 3},
+    "tot_dfs": {"width": 8, "max_depth": 3},
+    "mcts": {"width": 4, "max_depth": 3},
+    "rstar": {"width": 4, "max_depth": 3},
+    "rest_mcts": {"width": 4, "max_depth": 3},
+}
+
+
+def _prompt(state: State) -> str:
+    return task.prompt(state["question"], state["steps"])
+
+
+def _parse(state: State, text: str) -> dict[str, Any]:
+    return {"steps": [*state["steps"], text.strip()]}
+
+
+def _route(state: State) -> str:
+    steps = state["steps"]
+    if len(steps) >= 3 or task.remaining_numbers(state["question"], steps) is None:
+        return "end"
+    return "next"
+
+
+def _answer(state: State) -> str | None:
+    steps = state["steps"]
+    return "\n".join(steps) if steps else None
+
+
+def _check(state: State, answer: str | None) -> bool:
+    return answer is not None and task.check_answer(state["question"], answer.split("\n"))
+
+
+def build_game24_graph(*, temperature: float = 0.8) -> ThoughtGraph:
+    graph = ThoughtGraph()
+    graph.add_thought(
+        "propose",
+        _prompt,
+        sampling=SamplingParams(temperature=temperature, max_tokens=40, stop=("\n",)),
+        parse=_parse,
+    )
+    graph.add_reward("prm")
+    graph.add_edge(START, "propose")
+    graph.add_edge("propose", "prm")
+    graph.add_conditional_edges("prm", _route, {"next": "propose", "end": END})
+    return graph
+
+
+def compile_game24(
+    *,
+    search: Any = "rebase",
+    search_params: dict[str, Any] | None = None,
+    temperature: float = 0.8,
+    **compile_args: Any,
+) -> ToTApp:
+    """The Game-of-24 app; with no ``search_params`` a named policy gets its defaults above."""
+    params = search_params or (
+        DEFAULT_SEARCH_PARAMS.get(search, {}) if isinstance(search, str) else {}
+    )
+    return build_game24_graph(temperature=temperature).compile(
+        search=search, search_params=params, answer=_answer, check=_check, **compile_args
+    )
+
+
+def game24_inputs(n: int, first_rank: int = task.TEST_RANKS[0]) -> list[dict[str, Any]]:
+    """The first ``n`` puzzles of the test range (ranks 901-1000) as inputs."""
+    last = first_rank + n - 1
+    if n < 1 or last > task.TEST_RANKS[1]:
+        raise ConfigError("queries", f"the test range holds 100 puzzles; asked for {n}")
+    return [
+        {"question": p.text, "steps": [], "rank": p.rank, "query_id": f"r{p.rank}"}
+        for p in task.load_puzzles(first_rank, last)
+    ]
+
+
+def _backend_options(backend: str) -> dict[str, Any]:
+    if backend == "local":
+        return {
+            "policy_path": str(task.asset_dir("policy")),
+            "prm_path": str(task.asset_dir("prm")),
+        }
+    return {}
+
+
+PROGRAM = Program(
+    name="game24",
+    description="Game of 24, ranks 901-1000, shipped policy + learned PRM",
+    default_backend="local",
+    default_search="rebase",
+    build=compile_game24,
+    inputs=game24_inputs,
+    backend_options=_backend_options,
+)

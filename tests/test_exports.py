@@ -1,0 +1,51 @@
+"""The public surface is small and pinned: changing it is a deliberate act."""
+
+import importlib
+import pkgutil
+
+import spec_tot
+
+EXPECTED = {
+    "END",
+    "START",
+    "BatchResult",
+    "ExecutorConfig",
+    "GenerationBackend",
+    "RewardBackend",
+    "RewardItem",
+    "SamplingParams",
+    "SearchPolicy",
+    "ThoughtGraph",
+    "ToTApp",
+    "ToTResult",
+    "__version__",
+    "create_policy",
+}
+
+
+def test_top_level_all_is_pinned() -> None:
+    assert set(spec_tot.__all__) == EXPECTED
+    for name in spec_tot.__all__:
+        assert hasattr(spec_tot, name), name
+
+
+def test_every_module_declares_all_and_exports_exist() -> None:
+    missing = []
+    for info in pkgutil.walk_packages(spec_tot.__path__, "spec_tot."):
+        module = importlib.import_module(info.name)
+        exported = getattr(module, "__all__", None)
+        if exported is None:
+            missing.append(info.name)
+            continue
+        for name in exported:
+            assert hasattr(module, name), f"{info.name}.{name}"
+    assert not missing, f"modules without __all__: {missing}"
+
+
+def test_graphs_and_adapters_are_subpackages_not_top_level() -> None:
+    import spec_tot.adapters
+    import spec_tot.graphs
+
+    assert spec_tot.adapters.__name__ == "spec_tot.adapters"
+    assert importlib.util.find_spec("graphs") is None
+    assert importlib.util.find_spec("adapters") is None

@@ -1,0 +1,111 @@
+"""OpenAICompatBackend against the fake OpenAI-compatible server (127.0.0.1 only)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from fake_openai import FakeOpenAI
+
+from spec_tot.adapters.openai_compat import OpenAICompatBackend, create_openai
+from spec_tot.backends import default_registry
+from spec_tot.errors import BackendError
+from spec_tot.requests import FinishReason, GenerateRequest, RewardItem, SamplingParams
+
+
+def req(rid: str, n: int = 1, **kw: object) -> GenerateRequest:
+    sampling = SamplingParams(max_tokens=8, stop=("\n",), seed=3, **kw)  # type: ignore[arg-type]
+    return GenerateRequest(rid, sampling, prompt="hi", n=n)
+
+
+async def until(cond: Callable[[], bool], timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not cond():
+            await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[FakeOpenAI]:
+    srv = await FakeOpenAI().start()
+    yield srv
+    await srv.stop()
+
+
+def backend(urls: list[str], **kw: object) -> OpenAICompatBackend:
+    kw.setdefault("backoff_base_s", 0.001)
+    return create_openai(urls=urls, model="m", **kw)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_completions_stream_and_plain(server: FakeOpenAI, stream: bool) -> None:
+    b = backend([server.url], stream=stream)
+    result = await b.generate(req("q/a", n=2, top_k=4))
+    assert [c.text for c in result.completions] == ["t0.0 t0.1 t0.2 t0.3 ", "t1.0 t1.1 t1.2 t1.3 "]
+    assert all(c.finish_reason is FinishReason.STOP for c in result.completions)
+    body = server.bodies[-1]
+    assert body["n"] == 2 and body["stop"] == ["\n"] and body["stream"] is stream
+    assert body["top_k"] == 4 and body["seed"] == 3 and body["model"] == "m"
+    assert b.num_inflight == 0 and server.live == set()
+    await b.aclose()
+
+
+async def test_abort_closes_the_stream_and_returns_partial(server: FakeOpenAI) -> None:
+    server.hang = True
+    b = backend([server.url])
+    tasks = [asyncio.create_task(b.generate(req(rid))) for rid in ("q/n1", "q/n1/x", "q/n10")]
+    await until(lambda: len(server.live) == 3 and b.num_inflight == 3)
+    await asyncio.sleep(0.05)  # let the first chunk arrive
+    assert await b.abort("q/n1") == 2
+    for t in tasks[:2]:
+        result = await t
+        assert result.completions[0].finish_reason is FinishReason.ABORT
+        assert result.completions[0].text == "t0.0 "  # what had streamed so far
+    await until(lambda: len(server.live) == 1)  # the server saw the disconnects
+    assert not tasks[2].done()
+    tasks[2].cancel()  # a cancelled caller closes its connection too
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[2]
+    await until(lambda: server.live == set())
+    assert server.aborted == 3 and b.num_inflight == 0
+    await b.aclose()
+
+
+async def test_failover_and_error_naming(server: FakeOpenAI) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    b = backend([dead, server.url])
+    assert (await b.generate(req("q/a"))).completions[0].text
+    await b.aclose()
+    only_dead = backend([dead], max_retries=1)
+    with pytest.raises(BackendError) as err:
+        await only_dead.generate(req("q/a"))
+    assert dead in str(err.value) and only_dead.pool.endpoints[dead].attempts == 2
+    await only_dead.aclose()
+
+
+async def test_pooling_prm_scores_each_step(server: FakeOpenAI) -> None:
+    b = backend([server.url])
+    items = [
+        RewardItem("q/1", "Q", ("good a", "bad b", "good c")),
+        RewardItem("q/2", "Q", ("bad",)),
+    ]
+    scores = await b.score(items)
+    assert scores == [(0.9, 0.3, 0.9), (0.3,)]
+    sent = server.attempts["/pooling"]
+    assert sent == 1  # one batch, one forward pass
+    await b.aclose()
+
+
+async def test_generative_prm(server: FakeOpenAI) -> None:
+    b = backend([server.url], reward="generative")
+    scores = await b.score([RewardItem("q/1", "Q", ("good a", "bad b"))])
+    assert scores[0] == (pytest.approx(0.8), pytest.approx(0.25))
+    await b.aclose()
+
+
+def test_registry_creates_openai() -> None:
+    made = default_registry().create("openai", urls=["http://127.0.0.1:9"], model="x")
+    assert isinstance(made, OpenAICompatBackend) and made.capabilities.name == "openai"
