@@ -63,8 +63,9 @@ class ScriptedConfig:
             raise ConfigError("mean_tokens", f"must be >= 1, got {self.mean_tokens}")
         if not 0.0 <= self.straggler_rate <= 1.0:
             raise ConfigError("straggler_rate", f"must be in [0, 1], got {self.straggler_rate}")
-        if self.token_latency_s < 0 or self.reward_latency_s < 0:
-            raise ConfigError("token_latency_s", "latencies must be >= 0")
+        for name in ("token_latency_s", "reward_latency_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.correct not in self.choices:
             raise ConfigError("correct", f"{self.correct!r} is not one of choices")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,7 @@ from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryCancelledError, QueryTimeoutError
+from spec_tot.events import EventSink
 from spec_tot.graph import State
 from spec_tot.metrics import MetricsRecorder, RunMetrics
 from spec_tot.policies import create_policy
@@ -101,6 +101,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         self.check = check
         self.input_to_state = input_to_state
         self._ids = itertools.count()
+        self._active: set[str] = set()  # query ids running now, across concurrent batches
 
     @classmethod
     def build(
@@ -179,10 +180,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         *,
         max_concurrency: int | None = None,
         on_result: Callable[[ToTResult], None] | None = None,
+        on_event: EventSink | None = None,
     ) -> BatchResult:
         """Run queries concurrently on one backend; one's failure never stops the others.
-        ``on_result`` is called as each query finishes (progress bars)."""
-        states = [self.input_to_state(value) for value in inputs]  # bad input fails first
+        ``on_result`` is called as each query finishes (progress bars); ``on_event`` gets
+        every search event (``spec_tot.events.ToTEvent``) as it happens."""
+        states = self._assign_query_ids([self.input_to_state(value) for value in inputs])
         recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
         spec = self.config.speculation
         rule: FlushRule = "round" if spec.round_rewards else (spec.lv or "eager")
@@ -196,22 +199,56 @@ class ToTApp(Runnable[Any, ToTResult]):
 
         async def one(state: State) -> ToTResult:
             async with limit:
-                result = await self._run_one(state, recorder, router, budget)
+                result = await self._run_one(state, recorder, router, budget, on_event)
             if on_result is not None:
                 on_result(result)
             return result
 
-        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         results = await asyncio.gather(*(one(s) for s in states))
-        wall = time.perf_counter() - started
+        wall = loop.time() - started
         peak_kv = int(self.backend.stats().get("peak_kv_blocks", 0))
         return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
 
     def run_batch(
-        self, inputs: Sequence[Any], *, max_concurrency: int | None = None
+        self,
+        inputs: Sequence[Any],
+        *,
+        max_concurrency: int | None = None,
+        on_result: Callable[[ToTResult], None] | None = None,
+        on_event: EventSink | None = None,
     ) -> BatchResult:
-        result: BatchResult = run_sync(self.arun_batch(inputs, max_concurrency=max_concurrency))
+        """Sync twin of ``arun_batch``."""
+        result: BatchResult = run_sync(
+            self.arun_batch(
+                inputs, max_concurrency=max_concurrency, on_result=on_result, on_event=on_event
+            )
+        )
         return result
+
+    def _assign_query_ids(self, states: list[State]) -> list[State]:
+        """Explicit ids are checked (unique, no '/', not already running); the others get
+        ``q<n>`` ids that collide with none of them. All before any query starts."""
+        explicit = [s["query_id"] for s in states if s.get("query_id") is not None]
+        for qid in explicit:
+            if not isinstance(qid, str) or not qid or "/" in qid:
+                raise ConfigError("query_id", f"must be a non-empty string without '/': {qid!r}")
+            if qid in self._active:
+                raise ConfigError("query_id", f"{qid!r} is already running")
+        if len(set(explicit)) != len(explicit):
+            raise ConfigError("query_id", "query ids in one batch must be unique")
+        taken = set(explicit) | self._active
+        out = []
+        for state in states:
+            if state.get("query_id") is None:
+                qid = f"q{next(self._ids)}"
+                while qid in taken:
+                    qid = f"q{next(self._ids)}"
+                taken.add(qid)
+                state = {**state, "query_id": qid}
+            out.append(state)
+        return out
 
     async def _run_one(
         self,
@@ -219,40 +256,46 @@ class ToTApp(Runnable[Any, ToTResult]):
         recorder: MetricsRecorder,
         router: RewardRouter,
         budget: SpeculationBudget | None,
+        on_event: EventSink | None = None,
     ) -> ToTResult:
-        query_id = str(state.get("query_id") or f"q{next(self._ids)}")
+        query_id = str(state["query_id"])
         tree = SearchTree(query_id, str(state["question"]), state)
-        runner = QueryRunner(
-            graph=self.graph,
-            tree=tree,
-            policy=self.policy_factory(),
-            backend=self.backend,
-            rewards=router,
-            recorder=recorder,
-            config=self.config,
-            answer_fn=self.answer_fn,
-            budget=budget,
-        )
-        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         status, answer, truncated = "ok", None, False
         errors: tuple[str, ...] = ()
+        self._active.add(query_id)
         try:
+            runner = QueryRunner(
+                graph=self.graph,
+                tree=tree,
+                policy=self.policy_factory(),
+                backend=self.backend,
+                rewards=router,
+                recorder=recorder,
+                config=self.config,
+                answer_fn=self.answer_fn,
+                budget=budget,
+                on_event=on_event,
+            )
             async with asyncio.timeout(self.config.query_timeout_s):
                 outcome = await runner.run()
             answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
             if answer is None and errors:
                 status = "failed"
         except TimeoutError:
-            status, errors = (
-                "timeout",
-                (f"query {query_id} exceeded {self.config.query_timeout_s}s",),
-            )
+            status = "timeout"
+            errors = (f"query {query_id} exceeded {self.config.query_timeout_s}s",)
         except asyncio.CancelledError:
-            recorder.query_finished(record_for(tree, "cancelled", False, started))
+            recorder.query_finished(record_for(tree, "cancelled", False, loop.time() - started))
             raise
+        except Exception as exc:
+            status, errors = "failed", (f"{query_id}: {type(exc).__name__}: {exc}",)
+        finally:
+            self._active.discard(query_id)
         text = answer.text if answer is not None else None
         solved = bool(self.check(state, text)) if self.check is not None and text else False
-        record = record_for(tree, status, solved, started)
+        record = record_for(tree, status, solved, loop.time() - started)
         recorder.query_finished(record)
         return ToTResult(
             query_id=query_id,

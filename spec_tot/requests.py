@@ -142,3 +142,11 @@ class Capabilities:
     max_running_requests: int = 256
     name: str = "backend"
     extra: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.saturation_batch < 1:
+            raise ConfigError("saturation_batch", f"must be >= 1, got {self.saturation_batch}")
+        if self.max_running_requests < 1:
+            raise ConfigError(
+                "max_running_requests", f"must be >= 1, got {self.max_running_requests}"
+            )

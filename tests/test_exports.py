@@ -2,6 +2,9 @@
 
 import importlib
 import pkgutil
+import subprocess
+import sys
+from pathlib import Path
 
 import spec_tot
 
@@ -42,10 +45,15 @@ def test_every_module_declares_all_and_exports_exist() -> None:
     assert not missing, f"modules without __all__: {missing}"
 
 
-def test_graphs_and_adapters_are_subpackages_not_top_level() -> None:
+def test_graphs_and_adapters_are_subpackages_not_top_level(tmp_path: Path) -> None:
     import spec_tot.adapters
     import spec_tot.graphs
 
     assert spec_tot.adapters.__name__ == "spec_tot.adapters"
-    assert importlib.util.find_spec("graphs") is None
-    assert importlib.util.find_spec("adapters") is None
+    assert spec_tot.graphs.__name__ == "spec_tot.graphs"
+    # From a folder outside the checkout, the installed distribution must not provide them.
+    probe = "import importlib.util as u; print(u.find_spec('graphs'), u.find_spec('adapters'))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "None None"

@@ -164,12 +164,6 @@ def test_capabilities_custom_values() -> None:
     assert caps.extra == {"bw": 2.0}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Capabilities does no validation although the module promises every request "
-    "dataclass is validated at construction; saturation_batch <= 0 (the roofline the "
-    "speculative budget is sized from) or max_running_requests <= 0 are accepted",
-)
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

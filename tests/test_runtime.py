@@ -286,12 +286,6 @@ async def test_cancelled_query_leaves_nothing_behind() -> None:
     assert backend.num_inflight == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: QueryRunner._shutdown cancels and awaits the segment tasks before "
-    "abort(query_id), so the prefix abort never finds a running request "
-    "(backend.num_aborted stays 0); the runtime relies only on task cancellation",
-)
 async def test_cancellation_aborts_running_requests_on_the_backend() -> None:
     backend = ScriptedBackend(ScriptedConfig(hang_prefixes=("q1",)))
     app = compile_toy(backend=backend, **BEAM)
@@ -428,8 +422,7 @@ async def test_router_key_outside_path_map_fails_the_node() -> None:
 
 
 async def test_router_returning_unknown_node_fails_the_node() -> None:
-    # A path-map-free router cannot pass validation today (see the xfail below), so build
-    # the app without it to reach the runtime check.
+    # Building without compile() skips validation, so the runtime check is what fires.
     g = ThoughtGraph()
     g.add_thought("t", prompt)
     g.add_reward("r")
@@ -454,13 +447,6 @@ async def test_router_returning_unknown_node_fails_the_node() -> None:
     assert all("unknown node 'nowhere'" in e and "'r'" in e for e in result.errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: successors() treats a router without a path map as able to reach every "
-    "node including itself, so validation always reports a reward-free cycle (function / "
-    "thought source) or 'scored twice' (reward source): add_conditional_edges(src, router) "
-    "without a path map can never compile",
-)
 def test_router_without_path_map_compiles() -> None:
     g = ThoughtGraph()
     g.add_thought("t", prompt)
@@ -533,12 +519,6 @@ async def test_max_nodes_truncates() -> None:
     assert len(result.tree) == 7
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RewardRouter.score runs reward_input (and the scorer lookup) before its "
-    "try/finally, so an exception there never decrements the query's unscored count; the "
-    "round's batch never fills and the query hangs (here until query_timeout_s)",
-)
 async def test_reward_input_error_fails_the_node_without_hanging() -> None:
     calls = Counter[str]()
 
@@ -560,12 +540,6 @@ async def test_reward_input_error_fails_the_node_without_hanging() -> None:
     assert any("cannot build the reward input" in e for e in result.errors)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an exception in the root pre-walk (a function/tool before the first "
-    "thought, or the START router) escapes QueryRunner._search uncaught, so arun_batch "
-    "raises and every other query of the batch is lost (and left running)",
-)
 async def test_root_function_error_fails_only_its_query() -> None:
     def prep(state: dict[str, Any]) -> dict[str, Any]:
         if state["question"] == "bad":
@@ -589,12 +563,6 @@ async def test_root_function_error_fails_only_its_query() -> None:
     assert statuses == ["ok", "failed", "ok"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: automatic query ids come from a counter ('q0', 'q1', ...) that ignores "
-    "explicit ids, so an auto id can equal an explicit one in the same batch; the two "
-    "queries then share request ids (duplicate-id failures), reward batches and aborts",
-)
 async def test_auto_query_ids_never_collide_with_explicit_ones() -> None:
     app = compile_toy(backend=ScriptedBackend(ScriptedConfig(token_latency_s=0.0005)), **BEAM)
     batch = await app.arun_batch([{"question": "a", "query_id": "q1"}, "b", "c"])

@@ -238,11 +238,6 @@ async def test_reward_latency() -> None:
         pytest.param(
             {"reward_latency_s": -1.0},
             "reward_latency_s",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: ScriptedConfig(reward_latency_s=-1) raises ConfigError naming "
-                "'token_latency_s', not the offending field",
-            ),
         ),
         ({"correct": "7"}, "correct"),
     ],

@@ -11,9 +11,9 @@ timeout or cancellation touches no other query and always ends with ``abort(quer
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from spec_tot._private.compiled import CompiledGraph, apply_update, maybe_await, stable_seed
 from spec_tot._private.scoring import RewardRouter
@@ -25,6 +25,7 @@ from spec_tot._private.speculation import (
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ExecutionError
+from spec_tot.events import EventKind, EventSink, ToTEvent
 from spec_tot.graph import END, GraphNode, NodeKind, State
 from spec_tot.metrics import MetricsRecorder, QueryRecord
 from spec_tot.policies.base import Answer, Expansion, SearchPolicy
@@ -57,6 +58,7 @@ class QueryRunner:
         config: ExecutorConfig,
         answer_fn: Callable[[State], str | None],
         budget: SpeculationBudget | None = None,
+        on_event: EventSink | None = None,
     ) -> None:
         self.graph = graph
         self.tree = tree
@@ -68,6 +70,7 @@ class QueryRunner:
         self.spec = config.speculation
         self.answer_fn = answer_fn
         self.budget = budget
+        self.on_event = on_event
         self._reported: asyncio.Queue[Node] = asyncio.Queue()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._committed_events: dict[str, asyncio.Event] = {}
@@ -84,12 +87,20 @@ class QueryRunner:
         finally:
             await self._shutdown()
         answer = self.policy.answer(self.tree)
+        if answer is not None:
+            self._emit(
+                "answer", self.tree.get(answer.node_id or ""), text=answer.text, score=answer.score
+            )
         return QueryOutcome(self.tree, answer, tuple(self._errors), self._truncated)
 
     async def _search(self) -> None:
         root = self.tree.root
-        entry = self.graph.entry(root.state)
-        resume, root.state = await self.graph.walk_to_thought(entry, root.state, _no_wait)
+        try:
+            entry = self.graph.entry(root.state)
+            resume, root.state = await self.graph.walk_to_thought(entry, root.state, _no_wait)
+        except Exception as exc:
+            self._errors.append(f"{root.id}: {type(exc).__name__}: {exc}")
+            return
         root.resume_at = resume
         if resume is None:
             self._errors.append("the graph reached END before any thought node")
@@ -143,7 +154,20 @@ class QueryRunner:
             )
         return parent
 
+    def _emit(self, kind: EventKind, node: Node | None, **data: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(
+                ToTEvent(
+                    kind,
+                    self.tree.query_id,
+                    node.id if node is not None else None,
+                    node.speculative if node is not None else False,
+                    data,
+                )
+            )
+
     def _adopt(self, child: Node) -> None:
+        self._emit("speculative_hit", child)
         child.speculative = False
         self.recorder.speculative_hits += 1
         if self.budget is not None:
@@ -198,6 +222,7 @@ class QueryRunner:
             child.status = NodeStatus.RUNNING
             self._round.append(child)
             self._outstanding += 1
+        self._emit("expanded", child, parent=parent.id, depth=child.depth)
         self.rewards.segment_started(self.tree.query_id, speculative=child.speculative)
         task = asyncio.create_task(
             self._segment(child, parent.resume_at, parent.state), name=child.id
@@ -220,6 +245,7 @@ class QueryRunner:
             below = node.reward is not None and node.reward < threshold
             if node.status is NodeStatus.SCORED and not node.terminal and below:
                 node.status = NodeStatus.PRUNED
+                self._emit("pruned", node, reward=node.reward, threshold=threshold)
                 for child in node.children:
                     self._cancel(child)
 
@@ -235,6 +261,7 @@ class QueryRunner:
         for sub in node.subtree():
             if sub.status is not NodeStatus.CANCELLED and sub.speculative:
                 sub.status = NodeStatus.CANCELLED
+                self._emit("cancelled", sub)
             task = self._tasks.get(sub.id)
             if task is not None:
                 task.cancel()
@@ -283,6 +310,14 @@ class QueryRunner:
             child.state, child.resume_at, child.terminal = state, resume, resume is None
             if child.terminal:
                 child.answer = self.answer_fn(state)
+            self._emit(
+                "scored",
+                child,
+                text=child.text,
+                reward=child.reward,
+                terminal=child.terminal,
+                answer=child.answer,
+            )
             if not child.speculative:
                 child.status = NodeStatus.SCORED
         except asyncio.CancelledError:
@@ -343,6 +378,9 @@ class QueryRunner:
 
     async def _shutdown(self) -> None:
         self._closed = True
+        # Abort on the backend first, so that running requests end as aborted there (and
+        # their KV is freed) instead of depending on each backend's task-cancel handling.
+        await self.backend.abort(self.tree.query_id)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
@@ -354,20 +392,19 @@ class QueryRunner:
         self.rewards.forget(self.tree.query_id)
         if self.budget is not None:
             self.budget.forget(self.tree.query_id)
-        await self.backend.abort(self.tree.query_id)
 
 
 async def _no_wait(_tool: GraphNode) -> None:
     return None
 
 
-def record_for(tree: SearchTree, status: str, solved: bool, started: float) -> QueryRecord:
+def record_for(tree: SearchTree, status: str, solved: bool, latency_s: float) -> QueryRecord:
     nodes = list(tree.nodes())
     return QueryRecord(
         query_id=tree.query_id,
         status=status,
         solved=solved,
-        latency_s=time.perf_counter() - started,
+        latency_s=latency_s,
         output_tokens=sum(n.num_tokens for n in nodes),
         wasted_tokens=sum(
             n.num_tokens for n in nodes if n.status is NodeStatus.CANCELLED or n.speculative

@@ -13,7 +13,6 @@ Scores are normalised to a tuple of per-step floats.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -134,20 +133,21 @@ class RewardRouter:
         *,
         speculative: bool,
     ) -> tuple[float, ...]:
-        scorer = reward_node.scorer if reward_node.scorer is not None else self._default
-        if scorer is None or reward_node.reward_input is None:
-            raise ExecutionError(f"reward node {reward_node.name!r} has no scorer")
-        question, steps = reward_node.reward_input(state)
-        item = RewardItem(request_id=node_id, question=question, steps=tuple(steps))
+        try:
+            item, scorer = self._prepare(node_id, reward_node, state)
+        except Exception:
+            # Never registered: release the branch so its round can still complete.
+            self.segment_ended_unscored(query_id, speculative=speculative)
+            raise
         loop = asyncio.get_running_loop()
         pending = _Pending(
             query_id, scorer, item, speculative, _tokens(scorer, item), loop.create_future()
         )
         query = self._queries.setdefault(query_id, _Query())
         key = query_id if self._rule == "round" else ""
-        queue = self._pending.setdefault(key, _Queue(oldest=time.perf_counter()))
+        queue = self._pending.setdefault(key, _Queue(oldest=loop.time()))
         if not queue.items:
-            queue.oldest = time.perf_counter()
+            queue.oldest = loop.time()
         queue.items.append(pending)
         if not speculative:
             pending.counted = True
@@ -160,6 +160,15 @@ class RewardRouter:
                 query.pending_committed -= 1
                 query.committed_unscored -= 1
             self._check(query_id)
+
+    def _prepare(
+        self, node_id: str, reward_node: GraphNode, state: State
+    ) -> tuple[RewardItem, Scorer]:
+        scorer = reward_node.scorer if reward_node.scorer is not None else self._default
+        if scorer is None or reward_node.reward_input is None:
+            raise ExecutionError(f"reward node {reward_node.name!r} has no scorer")
+        question, steps = reward_node.reward_input(state)
+        return RewardItem(request_id=node_id, question=question, steps=tuple(steps)), scorer
 
     def promote(self, node_id: str) -> None:
         """A branch waiting at its reward was adopted: it now counts for its round."""
@@ -199,7 +208,7 @@ class RewardRouter:
             any(q.group_complete for q in self._queries.values()),
             max(p.deferrals for p in items) >= lv.max_deferrals,
             sum(p.speculative for p in items) >= lv.spec_flush,
-            time.perf_counter() - queue.oldest >= lv.max_wait_s,
+            asyncio.get_running_loop().time() - queue.oldest >= lv.max_wait_s,
         )
         if any(reasons):
             self._flush("")

@@ -13,14 +13,16 @@ if TYPE_CHECKING:
 __all__ = ["successors", "validate_graph"]
 
 
-def successors(graph: ThoughtGraph, name: str) -> list[str]:
-    """Possible next nodes. A router without a path map may return any node or END."""
+def successors(graph: ThoughtGraph, name: str, *, opaque: bool = True) -> list[str]:
+    """Possible next nodes. A router without a path map may return any node or END when
+    ``opaque``; with ``opaque=False`` its edges are left out (the checks that would only
+    produce false alarms then run at run time instead)."""
     from spec_tot.graph import END
 
     if name in graph.branches:
         branch = graph.branches[name]
         if branch.path_map is None:
-            return [*graph.nodes, END]
+            return [*graph.nodes, END] if opaque else []
         return branch.targets()
     return list(graph.edges.get(name, []))
 
@@ -67,21 +69,25 @@ def validate_graph(graph: ThoughtGraph, *, has_default_reward: bool) -> None:
 
 
 def _reach(
-    graph: ThoughtGraph, start: Iterable[str], stop_at: frozenset[str] = frozenset()
+    graph: ThoughtGraph,
+    start: Iterable[str],
+    stop_at: frozenset[str] = frozenset(),
+    *,
+    opaque: bool = True,
 ) -> set[str]:
     """Nodes reachable from ``start`` (exclusive of start unless revisited), not walking past
     nodes in ``stop_at``."""
     from spec_tot.graph import END
 
     seen: set[str] = set()
-    stack = [t for s in start for t in successors(graph, s)]
+    stack = [t for s in start for t in successors(graph, s, opaque=opaque)]
     while stack:
         name = stack.pop()
         if name in seen:
             continue
         seen.add(name)
         if name != END and name not in stop_at:
-            stack.extend(successors(graph, name))
+            stack.extend(successors(graph, name, opaque=opaque))
     return seen
 
 
@@ -93,7 +99,7 @@ def _check_cycles(graph: ThoughtGraph) -> None:
     for name in sorted(graph.nodes):
         if name in rewards:
             continue
-        if name in _reach(graph, [name], stop_at=rewards) - rewards:
+        if name in _reach(graph, [name], stop_at=rewards, opaque=False) - rewards:
             raise GraphValidationError(name, "is on a cycle with no reward node on it")
 
 
@@ -104,13 +110,13 @@ def _check_reward_placement(graph: ThoughtGraph) -> None:
     rewards = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.REWARD)
     thoughts = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.THOUGHT)
     for name in sorted(thoughts):
-        if END in _reach(graph, [name], stop_at=rewards) - rewards:
+        if END in _reach(graph, [name], stop_at=rewards, opaque=False) - rewards:
             raise GraphValidationError(name, "can reach END without passing a reward node")
-    before_thought = _reach(graph, [START], stop_at=thoughts)
+    before_thought = _reach(graph, [START], stop_at=thoughts, opaque=False)
     for name in sorted(rewards & before_thought):
         raise GraphValidationError(name, "reward node reachable from START before any thought")
     for name in sorted(rewards):
-        rescored = _reach(graph, [name], stop_at=thoughts) & rewards
+        rescored = _reach(graph, [name], stop_at=thoughts, opaque=False) & rewards
         if rescored:
             other = sorted(rescored)[0]
             raise GraphValidationError(

@@ -1,0 +1,280 @@
+"""Helpers for the speculation tests: a scripted backend whose request latencies are an
+arbitrary (hypothesis-drawn) pure function of the request id, a registry of the live search
+trees, a tool-call recorder, and fingerprints of what a run *committed*.
+
+Latencies are real ``asyncio.sleep``s of a few milliseconds at most, so each run is fast but
+arrival orders of generations and reward batches are genuinely shuffled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+import spec_tot.app
+from spec_tot._private.compiled import stable_seed
+from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
+from spec_tot.app import ToTApp, ToTResult
+from spec_tot.config import ExecutorConfig
+from spec_tot.errors import BackendError
+from spec_tot.graph import END, START, State, ThoughtGraph
+from spec_tot.graphs.toy import ANSWER_PREFIX
+from spec_tot.requests import (
+    Completion,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    RewardItem,
+)
+from spec_tot.tree import Node, NodeStatus, SearchTree
+
+MODES = ("baseline", "naive", "spex", "specscale", "full")
+SPEC_MODES = ("naive", "spex", "specscale", "full")
+
+# Small, fast parameters for every policy (answers appear at depth 3 of the scripted backend).
+POLICIES: dict[str, dict[str, Any]] = {
+    "beam": {"n": 4, "width": 2, "max_depth": 5},
+    "dvts": {"n": 4, "width": 2, "max_depth": 5},
+    "rebase": {"width": 4, "max_depth": 5},
+    "ets": {"width": 4, "max_depth": 5},
+    "tot_bfs": {"breadth": 2, "width": 3, "max_depth": 4},
+    "mcts": {"width": 2, "iterations": 6, "max_depth": 5},
+    "rstar": {"width": 2, "iterations": 4, "max_depth": 5},
+    "rest_mcts": {"width": 2, "iterations": 5, "max_depth": 5},
+    "best_of_n": {"n": 4, "max_depth": 5},
+    "tot_dfs": {"width": 3, "threshold": 0.5, "max_depth": 4},
+}
+
+
+def latency_fn(seed: int, max_ms: float) -> Callable[[str], float]:
+    """A pure function request id -> seconds in [0, max_ms] ms, drawn by ``seed``."""
+
+    def fn(key: str) -> float:
+        if max_ms <= 0:
+            return 0.0
+        return (stable_seed(seed, key) % 1000) / 1000 * max_ms / 1000
+
+    return fn
+
+
+class LatencyBackend(ScriptedBackend):
+    """A ScriptedBackend (same texts, token counts and scores) whose generation latency is
+    ``gen_latency(request_id)`` and reward latency ``reward_latency(first item id)``; both pure
+    functions, so a run's schedule is reproducible but arbitrary. Requests matching
+    ``config.hang_prefixes`` hang until aborted; ``config.fail_prefixes`` raise."""
+
+    def __init__(
+        self,
+        config: ScriptedConfig | None = None,
+        gen_latency: Callable[[str], float] | None = None,
+        reward_latency: Callable[[str], float] | None = None,
+    ) -> None:
+        super().__init__(config or ScriptedConfig())
+        self.gen_latency = gen_latency or (lambda _rid: 0.0)
+        self.reward_latency = reward_latency or (lambda _rid: 0.0)
+        self.requests: list[GenerateRequest] = []
+        self.score_batches: list[list[str]] = []
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.request_id in self._inflight:
+            raise BackendError("latency", f"duplicate request id {request.request_id!r}")
+        self.num_generate_calls += 1
+        self.requests.append(request)
+        rid = request.request_id
+        if any(rid == p or rid.startswith(p + "/") for p in self.config.fail_prefixes):
+            raise BackendError("latency", f"injected failure for {rid!r}")
+        samples = [self.sample(request, i) for i in range(request.n)]
+        aborted = asyncio.Event()
+        self._inflight[rid] = aborted
+        self.peak_inflight = max(self.peak_inflight, len(self._inflight))
+        try:
+            hang = any(rid == p or rid.startswith(p + "/") for p in self.config.hang_prefixes)
+            waiter = asyncio.ensure_future(aborted.wait())
+            try:
+                await asyncio.wait({waiter}, timeout=None if hang else self.gen_latency(rid))
+            finally:
+                waiter.cancel()
+        finally:
+            del self._inflight[rid]
+        reason = FinishReason.ABORT if aborted.is_set() else FinishReason.STOP
+        completions = tuple(
+            Completion(text=text, num_tokens=tokens, finish_reason=reason)
+            for text, tokens in samples
+        )
+        self.num_generated_tokens += sum(c.num_tokens for c in completions)
+        return GenerateResult(rid, completions, prompt_tokens=len(request.prompt or ""))
+
+    async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
+        self.score_batches.append([i.request_id for i in items])
+        if items:
+            delay = self.reward_latency(items[0].request_id)
+            if delay:
+                await asyncio.sleep(delay)
+        return await super().score(items)
+
+
+# -- the toy program with optional tool nodes ------------------------------------------------
+def prompt(state: State) -> str:
+    return "\n".join([state["question"], *state["steps"]])
+
+
+def is_answer(state: State) -> bool:
+    return bool(state["steps"]) and state["steps"][-1].startswith(ANSWER_PREFIX)
+
+
+def route(state: State) -> str:
+    return "done" if is_answer(state) else "more"
+
+
+def answer_of(state: State) -> str | None:
+    return state["steps"][-1][len(ANSWER_PREFIX) :] if is_answer(state) else None
+
+
+def check(state: State, answer: str | None) -> bool:
+    return answer == "24"
+
+
+def toy_graph(
+    *,
+    tool_before: Callable[[State], Any] | None = None,
+    tool_after: Callable[[State], Any] | None = None,
+    pure: bool = False,
+) -> ThoughtGraph:
+    """thought -> [tool_before] -> reward -> [tool_after] -> (thought | END)."""
+    g = ThoughtGraph()
+    g.add_thought("t", prompt)
+    g.add_reward("r")
+    g.add_edge(START, "t")
+    if tool_before is not None:
+        g.add_tool("before", tool_before, speculable=pure, pure=pure)
+        g.add_edge("t", "before")
+        g.add_edge("before", "r")
+    else:
+        g.add_edge("t", "r")
+    if tool_after is not None:
+        g.add_tool("after", tool_after, speculable=pure, pure=pure)
+        g.add_edge("r", "after")
+        g.add_conditional_edges("after", route, {"more": "t", "done": END})
+    else:
+        g.add_conditional_edges("r", route, {"more": "t", "done": END})
+    return g
+
+
+def make_app(
+    backend: ScriptedBackend,
+    policy: str,
+    mode: str,
+    *,
+    graph: ThoughtGraph | None = None,
+    params: dict[str, Any] | None = None,
+    **config: Any,
+) -> ToTApp:
+    return (graph or toy_graph()).compile(
+        backend=backend,
+        search=policy,
+        search_params=POLICIES[policy] if params is None else params,
+        config=ExecutorConfig(mode=mode, **config),
+        answer=answer_of,
+        check=check,
+    )
+
+
+def inputs(*ids: str) -> list[dict[str, Any]]:
+    return [{"question": f"puzzle {qid}", "query_id": qid} for qid in ids]
+
+
+# -- fingerprints ----------------------------------------------------------------------------
+def committed(tree: SearchTree) -> list[Node]:
+    """Non-root nodes the search committed to (never speculative, never cancelled)."""
+    return [
+        n
+        for n in tree.nodes()
+        if n.parent is not None and not n.speculative and n.status is not NodeStatus.CANCELLED
+    ]
+
+
+def expansions(tree: SearchTree) -> set[str]:
+    """Nodes with at least one committed child: the policy's selections."""
+    return {n.parent.id for n in committed(tree) if n.parent is not None}
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    expansions: frozenset[str]
+    nodes: dict[str, tuple[str, float | None, bool, str | None]]
+    answer: str | None
+    answer_node: str | None
+    score: float | None
+    status: str
+
+
+def fingerprint(result: ToTResult) -> Fingerprint:
+    answer_node = None
+    tree = result.tree
+    if result.answer is not None:
+        # the answer node is the terminal the vote chose; Answer is not kept on ToTResult,
+        # so recover it as the best terminal with that answer text
+        finals = [n for n in tree.terminals() if n.answer == result.answer]
+        answer_node = min(finals, key=lambda n: (-(n.reward or 0.0), n.id)).id if finals else None
+    return Fingerprint(
+        expansions=frozenset(expansions(tree)),
+        nodes={n.id: (n.text, n.reward, n.terminal, n.answer) for n in committed(tree)},
+        answer=result.answer,
+        answer_node=answer_node,
+        score=result.score,
+        status=result.status,
+    )
+
+
+# -- live trees and tool calls ---------------------------------------------------------------
+class TreeRegistry:
+    """Patches ``spec_tot.app.SearchTree`` so that every query's live tree is reachable by
+    query id while the query runs (the tool recorder looks branches up there)."""
+
+    def __init__(self) -> None:
+        self.trees: dict[str, SearchTree] = {}
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[TreeRegistry]:
+        registry = self
+
+        class RegisteredTree(SearchTree):
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                registry.trees[self.query_id] = self
+
+        with mock.patch.object(spec_tot.app, "SearchTree", RegisteredTree):
+            yield self
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    tool: str
+    node_id: str
+    speculative: bool  # the branch's node was speculative at call time
+    status: NodeStatus  # its status at call time
+
+
+@dataclass
+class ToolRecorder:
+    """A side-effecting tool: each call records which branch (looked up in the live tree
+    through the running segment task, whose name is the node id) made it, and its state."""
+
+    registry: TreeRegistry
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def tool(self, name: str) -> Callable[[State], dict[str, Any]]:
+        def fn(state: State) -> dict[str, Any]:
+            task = asyncio.current_task()
+            assert task is not None
+            node_id = task.get_name()
+            tree = self.registry.trees[node_id.split("/", 1)[0]]
+            node = tree[node_id]
+            self.calls.append(ToolCall(name, node_id, node.speculative, node.status))
+            return {f"{name}_calls": state.get(f"{name}_calls", 0) + 1}
+
+        return fn
