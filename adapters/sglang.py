@@ -62,6 +62,8 @@ class SGLangConfig:
     stream: bool = False
     dedup: bool = True
     dedup_window_s: float = 0.0  # 0: merge what arrives in the same event-loop tick
+    # SGLang's ``sampling_seed`` (deterministic inference); spec-tot serve honours it.
+    forward_seed: bool = True
     reward: str = "classify"
     reward_sigmoid: bool = True
     reward_per_step: bool = False  # classify: score every step prefix, not just the trace
@@ -300,6 +302,9 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
             params["stop"] = list(s.stop)
         if s.stop_token_ids:
             params["stop_token_ids"] = list(s.stop_token_ids)
+        if self.config.forward_seed and len(group.members) == 1 and s.seed is not None:
+            # A merged group has one stream of samples; only a lone request keeps its seed.
+            params["sampling_seed"] = s.seed
         body: dict[str, Any] = {
             "sampling_params": params,
             "rid": group.wire,

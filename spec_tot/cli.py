@@ -252,6 +252,26 @@ def _report(rows: list[dict[str, Any]], json_path: Path | None) -> None:
 
 
 @app.command()
+def serve(
+    program: ProgramOpt = "game24",
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 30000,
+    backend_opt: BackendParamOpt = None,
+) -> None:
+    """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
+    import uvicorn
+
+    from spec_tot.adapters.local.serve import create_server_app
+
+    options = {**load_program(program).backend_options("local")}
+    options.update(_parse_pairs(backend_opt, "--backend-opt"))
+    backend = default_registry().create("local", **options)
+    server = create_server_app(backend, model_path=str(options.get("policy_path", "")))
+    console.print(f"spec-tot serve: http://{host}:{port} (SGLang native API subset)")
+    uvicorn.run(server, host=host, port=port, log_level="warning")
+
+
+@app.command()
 def graph(program: ProgramOpt = "toy") -> None:
     """Print a program's compiled graph as Mermaid."""
     from spec_tot.adapters.scripted import ScriptedBackend

@@ -126,12 +126,25 @@ def is_answer(state: State) -> bool:
     return bool(state["steps"]) and state["steps"][-1].startswith(ANSWER_PREFIX)
 
 
+def stops_early(state: State) -> bool:
+    """The mixed graph also ends a trace at an intermediate "step N" with N % 4 == 0, so
+    that terminal and non-terminal candidates compete in one round."""
+    last = state["steps"][-1] if state["steps"] else ""
+    return last.startswith("step ") and int(last[5:]) % 4 == 0
+
+
 def route(state: State) -> str:
     return "done" if is_answer(state) else "more"
 
 
+def route_mixed(state: State) -> str:
+    return "done" if is_answer(state) or stops_early(state) else "more"
+
+
 def answer_of(state: State) -> str | None:
-    return state["steps"][-1][len(ANSWER_PREFIX) :] if is_answer(state) else None
+    if is_answer(state):
+        return str(state["steps"][-1][len(ANSWER_PREFIX) :])
+    return "early" if state["steps"] and stops_early(state) else None
 
 
 def check(state: State, answer: str | None) -> bool:
@@ -143,8 +156,11 @@ def toy_graph(
     tool_before: Callable[[State], Any] | None = None,
     tool_after: Callable[[State], Any] | None = None,
     pure: bool = False,
+    mixed: bool = False,
 ) -> ThoughtGraph:
-    """thought -> [tool_before] -> reward -> [tool_after] -> (thought | END)."""
+    """thought -> [tool_before] -> reward -> [tool_after] -> (thought | END); ``mixed``:
+    some intermediate steps end their trace too (``stops_early``)."""
+    router = route_mixed if mixed else route
     g = ThoughtGraph()
     g.add_thought("t", prompt)
     g.add_reward("r")
@@ -158,9 +174,9 @@ def toy_graph(
     if tool_after is not None:
         g.add_tool("after", tool_after, speculable=pure, pure=pure)
         g.add_edge("r", "after")
-        g.add_conditional_edges("after", route, {"more": "t", "done": END})
+        g.add_conditional_edges("after", router, {"more": "t", "done": END})
     else:
-        g.add_conditional_edges("r", route, {"more": "t", "done": END})
+        g.add_conditional_edges("r", router, {"more": "t", "done": END})
     return g
 
 
