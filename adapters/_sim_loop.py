@@ -32,7 +32,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-__all__ = ["EngineCosts", "SimEngine", "SimSeq", "VirtualDeadlockError", "VirtualTimeLoop", "run_virtual"]
+__all__ = [
+    "EngineCosts",
+    "SimEngine",
+    "SimSeq",
+    "VirtualDeadlockError",
+    "VirtualTimeLoop",
+    "run_virtual",
+]
 
 _T = TypeVar("_T")
 
@@ -49,20 +56,16 @@ class _VirtualSelector(selectors.BaseSelector):
         self._real = selectors.DefaultSelector()
         self._loop = loop
 
-    def register(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
-    ) -> selectors.SelectorKey:
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
 
-    def unregister(self, fileobj: selectors._FileObject) -> selectors.SelectorKey:
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
         return self._real.unregister(fileobj)
 
-    def modify(
-        self, fileobj: selectors._FileObject, events: int, data: Any = None
-    ) -> selectors.SelectorKey:
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.modify(fileobj, events, data)
 
-    def get_map(self) -> Mapping[selectors._FileObject, selectors.SelectorKey]:
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
         return self._real.get_map()
 
     def close(self) -> None:

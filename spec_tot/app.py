@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -205,9 +206,11 @@ class ToTApp(Runnable[Any, ToTResult]):
             return result
 
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started, cpu_started = loop.time(), time.thread_time()
         results = await asyncio.gather(*(one(s) for s in states))
         wall = loop.time() - started
+        # CPU of the event-loop thread: the executor's own cost (engines run elsewhere).
+        recorder.executor_cpu_s = time.thread_time() - cpu_started
         peak_kv = int(self.backend.stats().get("peak_kv_blocks", 0))
         return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
 
@@ -311,6 +314,10 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
 
     # -- Runnable -----------------------------------------------------------------------------
+    # RunnableConfig is honoured: callbacks/tags/metadata/run_name/run_id (one chain run per
+    # query, search events as custom events), max_concurrency, configurable["spec_tot"]
+    # (ExecutorConfig overrides) and an explicit recursion_limit (tree depth bound); see
+    # spec_tot._private.runnable. stream/astream/astream_events are Runnable's own, on top.
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> ToTResult:
         result: ToTResult = run_sync(self.ainvoke(input, config, **kwargs))
         return result
@@ -318,8 +325,7 @@ class ToTApp(Runnable[Any, ToTResult]):
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> ToTResult:
-        batch = await self.arun_batch([input])
-        result = batch.results[0]
+        result = (await self._arun_configured([input], [config]))[0]
         if result.status == "timeout":
             raise QueryTimeoutError("; ".join(result.errors))
         if result.status == "cancelled":
@@ -334,10 +340,10 @@ class ToTApp(Runnable[Any, ToTResult]):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[ToTResult]:
-        limit = None
-        if isinstance(config, Mapping):
-            limit = config.get("max_concurrency")
-        return (await self.arun_batch(inputs, max_concurrency=limit)).results
+        configs = list(config) if isinstance(config, list) else [config] * len(inputs)
+        if len(configs) != len(inputs):
+            raise ConfigError("config", f"{len(configs)} configs for {len(inputs)} inputs")
+        return await self._arun_configured(inputs, configs)
 
     def batch(
         self,
@@ -352,6 +358,52 @@ class ToTApp(Runnable[Any, ToTResult]):
             self.abatch(inputs, config, return_exceptions=return_exceptions)
         )
         return results
+
+    async def _arun_configured(
+        self, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
+    ) -> list[ToTResult]:
+        """One ``arun_batch`` over ``inputs`` (shared batching), one chain run per input.
+        The first config's executor settings apply to the whole batch."""
+        import copy
+
+        from langchain_core.runnables.config import (
+            ensure_config,
+            get_async_callback_manager_for_config,
+        )
+
+        from spec_tot._private.runnable import EventPump, configured_app
+
+        app = configured_app(self, configs[0] if configs else None)
+        states = [app.input_to_state(value) for value in inputs]
+        for state in states:  # ids known up front: events are routed to their query's run
+            state["query_id"] = str(state.get("query_id") or f"q{next(self._ids)}")
+        pump, runs = EventPump(), []
+        for value, state, raw in zip(inputs, states, configs, strict=True):
+            cfg = ensure_config(raw)
+            manager = get_async_callback_manager_for_config(cfg)
+            run = await manager.on_chain_start(
+                None,
+                value,
+                name=cfg.get("run_name") or self.get_name(),
+                run_id=cfg.pop("run_id", None),
+            )
+            pump.bind(state["query_id"], run, cfg)
+            runs.append(run)
+        runner = copy.copy(app)
+        runner.input_to_state = dict
+        limit = next((c.get("max_concurrency") for c in configs if c), None)
+        pump.start()
+        try:
+            batch = await runner.arun_batch(states, max_concurrency=limit, on_event=pump)
+        except BaseException as exc:
+            await pump.stop()
+            for run in runs:
+                await run.on_chain_error(exc)
+            raise
+        await pump.stop()
+        for run, result in zip(runs, batch.results, strict=True):
+            await run.on_chain_end(result)
+        return batch.results
 
     async def aclose(self) -> None:
         if self._backend is not None:

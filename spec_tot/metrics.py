@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import resource
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,6 +73,9 @@ class RunMetrics:
     speculative_hits: int = 0
     reward_items: int = 0
     nodes: int = 0
+    executor_cpu_s: float = 0.0
+    executor_cpu_us_per_token: float = 0.0
+    peak_rss_mb: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +95,7 @@ class MetricsRecorder:
     peak_inflight: int = 0
     speculative_nodes: int = 0
     speculative_hits: int = 0
+    executor_cpu_s: float = 0.0
 
     def request_started(self) -> None:
         self.inflight += 1
@@ -142,4 +148,13 @@ class MetricsRecorder:
             speculative_hits=self.speculative_hits,
             reward_items=self.reward_items,
             nodes=sum(r.nodes for r in self.records),
+            executor_cpu_s=self.executor_cpu_s,
+            executor_cpu_us_per_token=1e6 * self.executor_cpu_s / output if output else 0.0,
+            peak_rss_mb=_peak_rss_mb(),
         )
+
+
+def _peak_rss_mb() -> float:
+    """The process's peak resident set so far (Linux and macOS report it differently)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024

@@ -61,17 +61,46 @@ def latency_fn(seed: int, max_ms: float) -> Callable[[str], float]:
     return fn
 
 
+def tick_fn(seed: int, max_ticks: int) -> Callable[[str], int]:
+    """A pure function request id -> event-loop ticks in [0, max_ticks]: a virtual clock, so
+    the schedule (and any failure) is exactly reproducible and costs no real time."""
+
+    def fn(key: str) -> int:
+        return stable_seed(seed, key) % (max_ticks + 1) if max_ticks > 0 else 0
+
+    return fn
+
+
+async def pause(delay: float, aborted: asyncio.Event | None = None) -> None:
+    """Wait ``delay`` seconds (a float) or ``delay`` loop ticks (an int), or until aborted."""
+    if isinstance(delay, int):
+        for _ in range(delay):
+            if aborted is not None and aborted.is_set():
+                return
+            await asyncio.sleep(0)
+        return
+    if aborted is None:
+        await asyncio.sleep(delay)
+        return
+    waiter = asyncio.ensure_future(aborted.wait())
+    try:
+        await asyncio.wait({waiter}, timeout=delay)
+    finally:
+        waiter.cancel()
+
+
 class LatencyBackend(ScriptedBackend):
     """A ScriptedBackend (same texts, token counts and scores) whose generation latency is
     ``gen_latency(request_id)`` and reward latency ``reward_latency(first item id)``; both pure
-    functions, so a run's schedule is reproducible but arbitrary. Requests matching
+    functions returning seconds (float) or loop ticks (int), so a run's schedule is arbitrary
+    but reproducible (exactly so with ticks). Requests matching
     ``config.hang_prefixes`` hang until aborted; ``config.fail_prefixes`` raise."""
 
     def __init__(
         self,
         config: ScriptedConfig | None = None,
-        gen_latency: Callable[[str], float] | None = None,
-        reward_latency: Callable[[str], float] | None = None,
+        gen_latency: Callable[[str], float] | Callable[[str], int] | None = None,
+        reward_latency: Callable[[str], float] | Callable[[str], int] | None = None,
     ) -> None:
         super().__init__(config or ScriptedConfig())
         self.gen_latency = gen_latency or (lambda _rid: 0.0)
@@ -93,11 +122,10 @@ class LatencyBackend(ScriptedBackend):
         self.peak_inflight = max(self.peak_inflight, len(self._inflight))
         try:
             hang = any(rid == p or rid.startswith(p + "/") for p in self.config.hang_prefixes)
-            waiter = asyncio.ensure_future(aborted.wait())
-            try:
-                await asyncio.wait({waiter}, timeout=None if hang else self.gen_latency(rid))
-            finally:
-                waiter.cancel()
+            if hang:
+                await aborted.wait()
+            else:
+                await pause(self.gen_latency(rid), aborted)
         finally:
             del self._inflight[rid]
         reason = FinishReason.ABORT if aborted.is_set() else FinishReason.STOP
@@ -111,9 +139,7 @@ class LatencyBackend(ScriptedBackend):
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         self.score_batches.append([i.request_id for i in items])
         if items:
-            delay = self.reward_latency(items[0].request_id)
-            if delay:
-                await asyncio.sleep(delay)
+            await pause(self.reward_latency(items[0].request_id))
         return await super().score(items)
 
 

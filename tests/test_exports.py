@@ -23,6 +23,7 @@ EXPECTED = {
     "ToTResult",
     "__version__",
     "create_policy",
+    "from_langgraph",
 }
 
 

@@ -12,7 +12,17 @@ from spec_tot.graphs.toy import compile_toy
 from spec_tot.metrics import METRIC_KEYS, MetricsRecorder, QueryRecord, RunMetrics
 from spec_tot.tree import NodeStatus
 
-EXTRAS = {"failed", "cancelled", "speculative_nodes", "speculative_hits", "reward_items", "nodes"}
+EXTRAS = {
+    "failed",
+    "cancelled",
+    "speculative_nodes",
+    "speculative_hits",
+    "reward_items",
+    "nodes",
+    "executor_cpu_s",
+    "executor_cpu_us_per_token",
+    "peak_rss_mb",
+}
 BEAM = {"search": "beam", "search_params": {"n": 4, "width": 2}}
 
 

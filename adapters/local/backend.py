@@ -218,7 +218,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
                 entry[0].call_soon_threadsafe(_resolve, entry[1], result, None)
 
 
-def measure_saturation_batch(engine: LLMEngine, reps: int = 3) -> int:
+def measure_saturation_batch(engine: LLMEngine, reps: int = 7) -> int:
     """Largest power-of-two decode batch whose step time stays within 2x of batch 1: below
     it extra sequences are nearly free (memory/overhead-bound), past it they cost."""
     limit = engine.config.max_num_seqs

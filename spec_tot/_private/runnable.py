@@ -1,0 +1,159 @@
+"""What ``ToTApp``'s Runnable methods need: RunnableConfig -> per-call app, search events ->
+LangChain custom events (``astream_events(version="v2")``, LangGraph ``stream_mode="custom"``),
+and the depth bound that ``recursion_limit`` sets.
+
+- ``configurable["spec_tot"]`` (a dict of ``ExecutorConfig`` fields: mode, seed, max_nodes,
+  query_timeout_s, speculation_overrides, ...) overrides the app's executor config per call.
+- ``recursion_limit``, when the caller sets it explicitly (not LangChain's or LangGraph's
+  default), bounds the tree depth: no node deeper than it is ever expanded.
+- ``max_concurrency`` bounds the queries in flight; callbacks, tags, metadata and run names
+  go to the callback manager as for any Runnable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, adispatch_custom_event
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import patch_config
+
+from spec_tot.config import ExecutorConfig
+from spec_tot.errors import ConfigError
+from spec_tot.events import ToTEvent
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.tree import Node, SearchTree
+
+if TYPE_CHECKING:
+    from spec_tot.app import ToTApp
+
+__all__ = ["CONFIGURABLE_KEY", "DepthBound", "EventPump", "configured_app", "event_payload"]
+
+CONFIGURABLE_KEY = "spec_tot"
+_EXECUTOR_FIELDS = frozenset(f.name for f in fields(ExecutorConfig) if f.init)
+_RUNTIME_KEY = "__pregel_runtime"  # where LangGraph keeps a node's stream writer
+
+
+class DepthBound(SearchPolicy):
+    """Wraps a policy so that no node deeper than ``max_depth`` is expanded or speculated."""
+
+    def __init__(self, inner: SearchPolicy, max_depth: int) -> None:
+        self.inner = inner
+        self.max_depth = max_depth
+        self.aggregation = inner.aggregation
+        self.name = inner.name  # type: ignore[misc]
+        self.discards_unselected = inner.discards_unselected  # type: ignore[misc]
+
+    def _fits(self, tree: SearchTree, parent_id: str) -> bool:
+        parent = tree.get(parent_id)
+        return parent is not None and parent.depth < self.max_depth
+
+    def initial(self, tree: SearchTree) -> list[Expansion]:
+        return [e for e in self.inner.initial(tree) if self._fits(tree, e.parent_id)]
+
+    def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
+        return [e for e in self.inner.on_reward(tree, scored) if self._fits(tree, e.parent_id)]
+
+    def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        return [c for c in self.inner.predict(tree, budget) if self._fits(tree, c.parent_id)]
+
+    def done(self, tree: SearchTree) -> bool:
+        return self.inner.done(tree)
+
+    def answer(self, tree: SearchTree) -> Answer | None:
+        return self.inner.answer(tree)
+
+    def keep_count(self, tree: SearchTree) -> int | None:
+        return self.inner.keep_count(tree)
+
+    def score(self, node: Node) -> float:
+        return self.inner.score(node)
+
+
+def _explicit_recursion_limit(config: Mapping[str, Any] | None) -> int | None:
+    """The caller's own recursion_limit; LangGraph's default is an int subclass, skipped."""
+    if config is None:
+        return None
+    value = config.get("recursion_limit")
+    if type(value) is not int:
+        return None
+    if value < 1:
+        raise ConfigError("recursion_limit", f"must be >= 1, got {value}")
+    return value
+
+
+def configured_app(app: ToTApp, config: Mapping[str, Any] | None) -> ToTApp:
+    """``app`` itself, or a shallow copy sharing its backend with the per-call settings."""
+    overrides = dict(((config or {}).get("configurable") or {}).get(CONFIGURABLE_KEY) or {})
+    limit = _explicit_recursion_limit(config)
+    if not overrides and limit is None:
+        return app
+    unknown = sorted(set(overrides) - _EXECUTOR_FIELDS)
+    if unknown:
+        raise ConfigError(
+            f"configurable.{CONFIGURABLE_KEY}",
+            f"unknown keys {unknown}; known: {sorted(_EXECUTOR_FIELDS)}",
+        )
+    _ = app.backend  # create a named backend once, so the copy shares it
+    out = copy.copy(app)
+    if overrides:
+        current = {f: getattr(app.config, f) for f in _EXECUTOR_FIELDS}
+        out.config = ExecutorConfig(**{**current, **overrides})
+    if limit is not None:
+        factory = app.policy_factory
+        out.policy_factory = lambda: DepthBound(factory(), limit)
+    return out
+
+
+def event_payload(event: ToTEvent) -> dict[str, Any]:
+    return {
+        "query_id": event.query_id,
+        "node_id": event.node_id,
+        "speculative": event.speculative,
+        **event.data,
+    }
+
+
+class EventPump:
+    """A sync ``on_event`` sink that forwards each event, in order, as a LangChain custom
+    event under the run of its query, and to LangGraph's stream writer when the app runs as
+    a node of a LangGraph graph."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[ToTEvent | None] = asyncio.Queue()
+        self._runs: dict[str, tuple[AsyncCallbackManagerForChainRun, RunnableConfig]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def bind(
+        self, query_id: str, run: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> None:
+        self._runs[query_id] = (run, patch_config(config, callbacks=run.get_child()))
+
+    def __call__(self, event: ToTEvent) -> None:
+        self._queue.put_nowait(event)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._drain())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._queue.put_nowait(None)
+            await asyncio.shield(self._task)
+
+    async def _drain(self) -> None:
+        while (event := await self._queue.get()) is not None:
+            bound = self._runs.get(event.query_id)
+            if bound is None:
+                continue
+            _run, config = bound
+            payload = event_payload(event)
+            await adispatch_custom_event(event.kind, payload, config=config)
+            writer = getattr(
+                (config.get("configurable") or {}).get(_RUNTIME_KEY), "stream_writer", None
+            )
+            if callable(writer):
+                writer({"event": event.kind, **payload})
