@@ -205,7 +205,8 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
         )
 
     def _join(self, member: Member) -> None:
-        key = self._key(member.request) if self.config.dedup else object()
+        merge = self.config.dedup and member.request.dedup
+        key = self._key(member.request) if merge else object()
         group = self._collecting.get(key)
         if group is None or not group.open:
             wire = f"{member.request.request_id}#{next(self._serial)}#"

@@ -375,8 +375,8 @@ class SimBackend(GenerationBackend, RewardBackend):
                 prompt_tokens=prompt_tokens,
                 target_tokens=s.tokens,
                 done=loop.create_future(),
-                group_key=group if cfg.engine_dedup else None,
-                shared_tokens=s.shared if cfg.engine_dedup else 0,
+                group_key=group if cfg.engine_dedup and request.dedup else None,
+                shared_tokens=s.shared if cfg.engine_dedup and request.dedup else 0,
                 prefixes=tuple(prefixes),
                 finish_key=f"{prompt}\n{s.text}",
             )

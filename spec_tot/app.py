@@ -190,12 +190,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
         spec = self.config.speculation
         rule: FlushRule = "round" if spec.round_rewards else (spec.lv or "eager")
-        router = RewardRouter(self.reward_scorer, recorder, rule)
-        budget = (
-            SpeculationBudget(self.backend.capabilities.saturation_batch, spec.tau)
-            if spec.budget
-            else None
-        )
+        capacity = self.backend.capabilities.saturation_batch
+        budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None
+        busy = None
+        if spec.adaptive:
+            busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
+        router = RewardRouter(self.reward_scorer, recorder, rule, busy)
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 
         async def one(state: State) -> ToTResult:

@@ -53,6 +53,9 @@ class Speculation:
       full-score shortcut (opt-in: can change which tied node is kept).
     - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
     - ``lv``: lazy verification settings, or None to score each completion at once.
+    - ``adaptive`` (``full``): lazy verification only while committed load fills the
+      engine (when it has idle capacity, batching rewards only delays the next step), and
+      speculation only within the T2 budget.
     """
 
     speculate: Speculate = "off"
@@ -66,6 +69,7 @@ class Speculation:
     full_score: float = 1.0
     dedup: bool = False
     lv: LazyVerification | None = None
+    adaptive: bool = False
     round_rewards: bool = True  # baseline: one reward batch per round (search-and-learn)
     max_speculative_per_query: int = 64
 
@@ -97,6 +101,7 @@ MODES: dict[str, Speculation] = {
         ep=True,
         dedup=True,
         lv=LazyVerification(),
+        adaptive=True,
         round_rewards=False,
     ),
 }

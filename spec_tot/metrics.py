@@ -76,6 +76,7 @@ class RunMetrics:
     executor_cpu_s: float = 0.0
     executor_cpu_us_per_token: float = 0.0
     peak_rss_mb: float = 0.0
+    useful_tokens_per_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,17 +93,20 @@ class MetricsRecorder:
     reward_items: int = 0
     reward_tokens: int = 0
     inflight: int = 0
+    committed_inflight: int = 0
     peak_inflight: int = 0
     speculative_nodes: int = 0
     speculative_hits: int = 0
     executor_cpu_s: float = 0.0
 
-    def request_started(self) -> None:
+    def request_started(self, *, speculative: bool = False) -> None:
         self.inflight += 1
+        self.committed_inflight += not speculative
         self.peak_inflight = max(self.peak_inflight, self.inflight)
 
-    def request_finished(self) -> None:
+    def request_finished(self, *, speculative: bool = False) -> None:
         self.inflight -= 1
+        self.committed_inflight -= not speculative
 
     def reward_call(self, items: int, tokens: int) -> None:
         self.reward_calls += 1
@@ -151,6 +155,7 @@ class MetricsRecorder:
             executor_cpu_s=self.executor_cpu_s,
             executor_cpu_us_per_token=1e6 * self.executor_cpu_s / output if output else 0.0,
             peak_rss_mb=_peak_rss_mb(),
+            useful_tokens_per_s=(output - sum(r.wasted_tokens for r in self.records)) / wall,
         )
 
 

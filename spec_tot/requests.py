@@ -83,6 +83,9 @@ class GenerateRequest:
     n: int = 1
     priority: Priority = Priority.COMMITTED
     speculative: bool = False
+    # CD: the backend may run this request in one physical sequence with identical pending
+    # requests (same prompt and sampling but the seed), drawing each one's own samples.
+    dedup: bool = True
 
     def __post_init__(self) -> None:
         if not self.request_id:

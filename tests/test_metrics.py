@@ -22,6 +22,7 @@ EXTRAS = {
     "executor_cpu_s",
     "executor_cpu_us_per_token",
     "peak_rss_mb",
+    "useful_tokens_per_s",
 }
 BEAM = {"search": "beam", "search_params": {"n": 4, "width": 2}}
 

@@ -235,12 +235,6 @@ async def test_t3_stops_earlier_with_an_answer_from_terminal_nodes(
     assert fewer > 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: QueryRunner._shutdown cancels committed segment tasks that never started "
-    "(created by _commit just before the loop stops), so their except-branch never runs and "
-    "the returned tree keeps nodes in status RUNNING",
-)
 async def test_t3_stop_leaves_no_node_running() -> None:
     """Repro (deterministic, virtual clock): rebase width 8, mode spex + T3 (min 2 answers,
     alpha 0.5), scripted seed 0 depth 4 straggler_rate 0.3, generation latency
@@ -590,12 +584,6 @@ async def test_lv_forget_cancels_a_query_pending_items_only() -> None:
 
 
 # -- bugs ------------------------------------------------------------------------------------
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: RewardRouter.segment_adopted counts a branch adopted after its reward was "
-    "flushed (batch in flight, or waiting at a tool after the reward) as committed-unscored "
-    "forever; the query's LV sibling group can then never complete",
-)
 async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working() -> None:
     """What QueryRunner._adopt does for a running speculative branch, replayed on the router:
     the branch's reward batch is already being scored when the branch is adopted."""
@@ -607,10 +595,10 @@ async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working()
     parent = submit(router, node, "q/0", spec=False)
     await settle()
     assert scorer.batches == [["q/0", "q/0/0"]]  # the group of one flushed; scoring now
-    await parent
     # the policy selects q/0: its speculative child is adopted while its batch is in flight
-    router.segment_adopted("q")
-    router.promote("q/0/0")
+    # (the runner adopts through the router only while the child has no reward yet)
+    router.adopt("q", "q/0/0")
+    await parent
     await spec
     # next round: one committed child, waiting at its reward: the group is complete
     router.segment_started("q", speculative=False)
@@ -623,11 +611,6 @@ async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working()
         await asyncio.gather(nxt, return_exceptions=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with LV, a speculative branch adopted while it waits at a tool after its "
-    "reward leaks one committed-unscored count; the query stalls until LV's wall-clock bound",
-)
 @pytest.mark.parametrize("mode", ["specscale", "full"])
 async def test_lv_group_rule_alone_drives_mcts_with_a_tool_after_the_reward(mode: str) -> None:
     """Repro (deterministic, virtual clock): MCTS (width 2, 6 iterations), scripted seed 0
@@ -649,12 +632,6 @@ async def test_lv_group_rule_alone_drives_mcts_with_a_tool_after_the_reward(mode
     assert result.status == "ok", result.errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a speculative child that failed is skipped by QueryRunner._commit (status "
-    "CANCELLED is not 'spare'), which generates a replacement under a new id (parent/width) "
-    "instead of adopting the failure; a deterministic failure then changes the search",
-)
 @pytest.mark.parametrize("mode", ["naive", "spex"])
 async def test_deterministic_failures_do_not_change_the_search(mode: str) -> None:
     """Repro (deterministic, virtual clock): scripted seed 2, beam n=4 width=2 max_depth 5,

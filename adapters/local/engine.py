@@ -122,7 +122,7 @@ class LLMEngine:
         self.requests[request.request_id] = state
         self.num_requests += 1
         self.num_prompt_tokens += len(ids)
-        if not self.config.enable_dedup:
+        if not (self.config.enable_dedup and request.dedup):
             for member in members:
                 self.scheduler.add(self._new_seq(ids, request, [member]))
             return

@@ -77,6 +77,7 @@ class QueryRunner:
         self._outstanding = 0
         self._round: list[Node] = []  # committed children of the latest commit
         self._errors: list[str] = []
+        self._speculative_errors: dict[str, str] = {}  # reported only if adopted
         self._truncated = False
         self._closed = False
 
@@ -132,9 +133,9 @@ class QueryRunner:
             self._round = []
         for expansion in expansions:
             parent = self._expandable(expansion.parent_id)
-            spare = [
-                c for c in parent.children if c.speculative and c.status is not NodeStatus.CANCELLED
-            ]
+            # Failed speculative children are adopted too (as failures): the baseline would
+            # have generated, and failed, the very same node ids.
+            spare = [c for c in parent.children if c.speculative]
             for child in spare[: expansion.width]:
                 self._adopt(child)
             for child in spare[expansion.width :]:
@@ -177,11 +178,14 @@ class QueryRunner:
         event = self._committed_events.pop(child.id, None)
         if event is not None:
             event.set()
+        failure = self._speculative_errors.pop(child.id, None)
+        if failure is not None:
+            self._errors.append(failure)
         task = self._tasks.get(child.id)
         if task is not None and not task.done():  # still running: it reports when scored
             child.status = NodeStatus.RUNNING
-            self.rewards.segment_adopted(self.tree.query_id)
-            self.rewards.promote(child.id)
+            if child.reward is None:  # not scored yet: it now counts for its round
+                self.rewards.adopt(self.tree.query_id, child.id)
         else:
             child.status = NodeStatus.SCORED if child.reward is not None else NodeStatus.CANCELLED
             self._reported.put_nowait(child)
@@ -238,6 +242,8 @@ class QueryRunner:
         keep = self.policy.keep_count(self.tree)
         if keep is None:
             return
+        if self.spec.ep_full_score:
+            self._full_score_shortcut(keep)
         threshold = early_prune_threshold(self._round, keep)
         if threshold is None:
             return
@@ -248,6 +254,27 @@ class QueryRunner:
                 self._emit("pruned", node, reward=node.reward, threshold=threshold)
                 for child in node.children:
                     self._cancel(child)
+
+    def _full_score_shortcut(self, keep: int) -> None:
+        """Opt-in: once ``keep`` non-terminal candidates have the maximum score, the round is
+        decided; unfinished candidates are cancelled. A later candidate that would also have
+        scored the maximum could have won a tie in the baseline, so this can change which
+        tied node is kept."""
+        full = [
+            n
+            for n in self._round
+            if n.status is NodeStatus.SCORED
+            and not n.terminal
+            and n.reward is not None
+            and n.reward >= self.spec.full_score
+        ]
+        if len(full) < keep:
+            return
+        for node in self._round:
+            task = self._tasks.get(node.id)
+            if node.status is NodeStatus.RUNNING and task is not None and not task.done():
+                self._emit("cancelled", node, reason="full-score shortcut")
+                task.cancel()
 
     def _discard_unselected(self, expansions: Sequence[Expansion]) -> None:
         selected = {e.parent_id for e in expansions}
@@ -323,9 +350,13 @@ class QueryRunner:
         except asyncio.CancelledError:
             child.status = NodeStatus.CANCELLED
             raise
-        except Exception as exc:
+        except Exception as exc:  # one branch's failure must not end the query
             child.status = NodeStatus.CANCELLED
-            self._errors.append(f"{child.id}: {type(exc).__name__}: {exc}")
+            message = f"{child.id}: {type(exc).__name__}: {exc}"
+            if child.speculative:
+                self._speculative_errors[child.id] = message
+            else:
+                self._errors.append(message)
         finally:
             if not reached_reward:
                 self.rewards.segment_ended_unscored(
@@ -351,14 +382,15 @@ class QueryRunner:
             sampling=replace(node.sampling, seed=stable_seed(self.config.seed, request_id)),
             priority=Priority.SPECULATIVE if speculative else Priority.COMMITTED,
             speculative=speculative,
+            dedup=self.spec.dedup,
         )
-        self.recorder.request_started()
+        self.recorder.request_started(speculative=speculative)
         if self.budget is not None and not speculative:
             self.budget.committed += 1
         try:
             result = await self.backend.generate(request)
         finally:
-            self.recorder.request_finished()
+            self.recorder.request_finished(speculative=speculative)
             if self.budget is not None and not speculative:
                 self.budget.committed -= 1
         completion = result.completions[0]
@@ -387,8 +419,10 @@ class QueryRunner:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for node in self.tree.nodes():
-            if node.speculative and node.status is not NodeStatus.CANCELLED:
-                node.status = NodeStatus.CANCELLED  # never adopted: wasted work
+            # Never adopted (wasted work), or stopped before it finished (early exit).
+            unfinished = node.status in (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.DONE)
+            if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
+                node.status = NodeStatus.CANCELLED
         self.rewards.forget(self.tree.query_id)
         if self.budget is not None:
             self.budget.forget(self.tree.query_id)

@@ -13,7 +13,7 @@ Scores are normalised to a tuple of per-step floats.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,25 +87,42 @@ class RewardRouter:
     """Shared by all queries of a run (one event loop; no locks)."""
 
     def __init__(
-        self, default_scorer: Scorer | None, recorder: MetricsRecorder, rule: FlushRule = "round"
+        self,
+        default_scorer: Scorer | None,
+        recorder: MetricsRecorder,
+        rule: FlushRule = "round",
+        busy: Callable[[], bool] | None = None,
     ) -> None:
+        """``busy`` (adaptive LV): while it is False the engine has idle capacity and lazy
+        verification would only delay scores, so pending items are scored at once."""
         self._default = default_scorer
         self._recorder = recorder
         self._rule = rule
+        self._busy = busy
         self._queries: dict[str, _Query] = {}
         self._pending: dict[str, _Queue] = {}  # round rule: per query; others: one ("")
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._tick_scheduled = False
+        self._unresolved: dict[str, _Pending] = {}  # node id -> its item, until scored
 
     # -- branch accounting (committed branches only decide a round) --------------------------
     def segment_started(self, query_id: str, *, speculative: bool) -> None:
         if not speculative:
             self._queries.setdefault(query_id, _Query()).committed_unscored += 1
 
-    def segment_adopted(self, query_id: str) -> None:
-        """A running speculative branch became committed before it was scored."""
-        self._queries.setdefault(query_id, _Query()).committed_unscored += 1
+    def adopt(self, query_id: str, node_id: str) -> None:
+        """A speculative branch became committed before its score came back: from now on it
+        counts for its query's sibling group, wherever it is (before its reward, waiting in
+        a queue, or in a batch being scored)."""
+        query = self._queries.setdefault(query_id, _Query())
+        query.committed_unscored += 1
+        pending = self._unresolved.get(node_id)
+        if pending is not None and not pending.counted:
+            pending.speculative = False
+            pending.counted = True
+            query.pending_committed += 1
+        self._check(query_id)
 
     def segment_ended_unscored(self, query_id: str, *, speculative: bool) -> None:
         query = self._queries.get(query_id)
@@ -149,6 +166,7 @@ class RewardRouter:
         if not queue.items:
             queue.oldest = loop.time()
         queue.items.append(pending)
+        self._unresolved[node_id] = pending
         if not speculative:
             pending.counted = True
             query.pending_committed += 1
@@ -156,6 +174,7 @@ class RewardRouter:
         try:
             return await pending.future
         finally:
+            self._unresolved.pop(node_id, None)
             if pending.counted:
                 query.pending_committed -= 1
                 query.committed_unscored -= 1
@@ -170,33 +189,24 @@ class RewardRouter:
         question, steps = reward_node.reward_input(state)
         return RewardItem(request_id=node_id, question=question, steps=tuple(steps)), scorer
 
-    def promote(self, node_id: str) -> None:
-        """A branch waiting at its reward was adopted: it now counts for its round."""
-        for queue in self._pending.values():
-            for p in queue.items:
-                if p.item.request_id == node_id and p.speculative:
-                    p.speculative = False
-                    p.counted = True
-                    self._queries.setdefault(p.query_id, _Query()).pending_committed += 1
-                    self._check(p.query_id)
-                    return
-
     def _check(self, query_id: str) -> None:
         rule = self._rule
         if rule == "round":
             query = self._queries.get(query_id)
             if query is not None and query.group_complete:
                 self._flush(query_id)
-        elif rule == "eager":
-            if self._pending.get("") and not self._tick_scheduled:
-                self._tick_scheduled = True
-                asyncio.get_running_loop().call_soon(self._on_tick)
-        else:
-            self._check_lazy(rule)
+        elif self._pending.get("") and not self._tick_scheduled:
+            # One decision per loop tick, so completions of one engine step share a batch.
+            self._tick_scheduled = True
+            asyncio.get_running_loop().call_soon(self._on_tick)
 
     def _on_tick(self) -> None:
         self._tick_scheduled = False
-        self._flush("")
+        rule = self._rule
+        if rule == "eager" or (self._busy is not None and not self._busy()):
+            self._flush("")  # eager, or adaptive LV with an idle engine: nothing to batch for
+        elif isinstance(rule, LazyVerification):
+            self._check_lazy(rule)
 
     def _check_lazy(self, lv: LazyVerification) -> None:
         queue = self._pending.get("")
