@@ -131,9 +131,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if denom and r["mode"] != "baseline":
             key = (r["search"], r["mode"], r["concurrency"])
             ratios.setdefault(key, []).append(r["metrics"]["queries_per_s"] / denom)
-    parts = [
-        f"{s}/{m}@{c}: {statistics.mean(v):.2f}x" for (s, m, c), v in sorted(ratios.items())
-    ]
+    parts = [f"{s}/{m}@{c}: {statistics.mean(v):.2f}x" for (s, m, c), v in sorted(ratios.items())]
     return "summary (queries/s vs baseline, same policy+concurrency+seeds): " + "; ".join(parts)
 
 
