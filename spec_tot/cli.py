@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -26,7 +27,8 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
 console = Console(stderr=True)
-out = Console()
+# Wide enough for the results table when piped to a file or a CI log.
+out = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 150))
 
 
 def _parse_pairs(pairs: list[str] | None, option: str) -> dict[str, Any]:
@@ -61,6 +63,7 @@ async def _one_run(
     queries: int,
     seed: int,
     label: str,
+    show_tree: bool = False,
 ) -> RunMetrics:
     options = {**program.backend_options(backend_name), **backend_options}
     backend = default_registry().create(backend_name, **options)
@@ -72,6 +75,8 @@ async def _one_run(
             config=ExecutorConfig(mode=mode, seed=seed, max_concurrency=concurrency),
         )
         inputs = program.inputs(queries)
+        if show_tree:
+            return await _run_with_tree(tot, inputs)
         with Progress(
             "[progress.description]{task.description}",
             BarColumn(),
@@ -88,21 +93,50 @@ async def _one_run(
         await backend.aclose()
 
 
+async def _run_with_tree(tot: Any, inputs: list[Any]) -> RunMetrics:
+    """The run with a live view of the search trees (statuses as they change)."""
+    from rich.live import Live
+
+    from spec_tot.viz import LiveTree
+
+    view = LiveTree()
+    loop = asyncio.get_running_loop()
+    last = 0.0
+    with Live(view.render(), console=console, refresh_per_second=8) as live:
+
+        def on_event(event: Any) -> None:
+            nonlocal last
+            view(event)
+            if loop.time() - last > 0.1:  # rebuilding the view per event would cost the run
+                last = loop.time()
+                live.update(view.render())
+
+        batch = await tot.arun_batch(inputs, on_event=on_event)
+        live.update(view.render())
+    metrics: RunMetrics = batch.metrics
+    return metrics
+
+
 def _table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title="spec-tot")
-    for col in ("mode", "conc.", "solved", "acc", "q/s", "tok/s", "p50 s", "reward calls"):
+    columns = ("mode", "search", "conc.", "solved", "acc", "q/s", "tok/s", "useful tok/s")
+    for col in (*columns, "hit", "p50 s", "reward calls", "peak RSS MB"):
         table.add_column(col, justify="right")
     for row in rows:
         m = row["metrics"]
         table.add_row(
             row["mode"],
+            row["search"],
             str(row["concurrency"]),
             f"{m['solved']}/{m['queries']}",
             f"{m['accuracy']:.2f}",
             f"{m['queries_per_s']:.3f}",
             f"{m['tokens_per_s']:.0f}",
+            f"{m['useful_tokens_per_s']:.0f}",
+            f"{m['spec_hit_rate']:.2f}",
             f"{m['latency_p50_s']:.2f}",
             str(m["reward_calls"]),
+            f"{m['peak_rss_mb']:.0f}",
         )
     return table
 
@@ -118,6 +152,7 @@ def _bench(
     seed: int,
     search_params: dict[str, Any],
     backend_options: dict[str, Any],
+    show_tree: bool = False,
 ) -> list[dict[str, Any]]:
     if queries < 1:
         raise ConfigError("--queries", f"must be >= 1, got {queries}")
@@ -145,6 +180,7 @@ def _bench(
                     queries=queries,
                     seed=seed,
                     label=f"{mode} x{conc}",
+                    show_tree=show_tree,
                 )
             )
             rows.append(
@@ -183,6 +219,7 @@ def run(
     param: ParamOpt = None,
     backend_opt: BackendParamOpt = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write JSON here.")] = None,
+    show_tree: Annotated[bool, typer.Option(help="Show the search trees live.")] = False,
 ) -> None:
     """Run a ToT program end to end and print solved rate, queries/s and tokens/s."""
     if compare and mode == "baseline":
@@ -202,6 +239,7 @@ def run(
         seed=seed,
         search_params=_parse_pairs(param, "--param"),
         backend_options=_parse_pairs(backend_opt, "--backend-opt"),
+        show_tree=show_tree,
     )
     _report(rows, json_path)
 
