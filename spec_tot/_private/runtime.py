@@ -187,7 +187,8 @@ class QueryRunner:
             if child.reward is None:  # not scored yet: it now counts for its round
                 self.rewards.adopt(self.tree.query_id, child.id)
         else:
-            child.status = NodeStatus.SCORED if child.reward is not None else NodeStatus.CANCELLED
+            finished = child.status is NodeStatus.SPECULATIVE and child.reward is not None
+            child.status = NodeStatus.SCORED if finished else NodeStatus.CANCELLED
             self._reported.put_nowait(child)
 
     def _speculate(self) -> None:
