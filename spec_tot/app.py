@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
@@ -189,8 +189,14 @@ class ToTApp(Runnable[Any, ToTResult]):
         states = self._assign_query_ids([self.input_to_state(value) for value in inputs])
         recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
         spec = self.config.speculation
-        rule: FlushRule = "round" if spec.round_rewards else (spec.lv or "eager")
-        capacity = self.backend.capabilities.saturation_batch
+        caps = self.backend.capabilities
+        lv = spec.lv
+        if lv is not None and "lv" not in self.config.speculation_overrides:
+            # Calibrated per backend: its measured reward-batch knee, when it has one.
+            knee = caps.reward_batch_tokens
+            lv = replace(lv, token_threshold=knee) if knee else lv
+        rule: FlushRule = "round" if spec.round_rewards else (lv or "eager")
+        capacity = caps.saturation_batch
         budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None
         busy = None
         if spec.adaptive:

@@ -53,9 +53,12 @@ class Speculation:
       full-score shortcut (opt-in: can change which tied node is kept).
     - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
     - ``lv``: lazy verification settings, or None to score each completion at once.
-    - ``adaptive`` (``full``): lazy verification only while committed load fills the
-      engine (when it has idle capacity, batching rewards only delays the next step), and
-      speculation only within the T2 budget.
+    - ``adaptive``: lazy verification only while committed load fills the engine (off by
+      default: on the CPU engine, where the PRM shares the cores, batched verification won
+      even at low load). ``full`` adapts through T2: speculation only within the budget
+      that committed load leaves.
+    Lazy verification's token threshold defaults to the backend's measured reward-batch
+    knee (``Capabilities.reward_batch_tokens``) unless ``lv`` is overridden.
     """
 
     speculate: Speculate = "off"
@@ -101,7 +104,6 @@ MODES: dict[str, Speculation] = {
         ep=True,
         dedup=True,
         lv=LazyVerification(),
-        adaptive=True,
         round_rewards=False,
     ),
 }

@@ -143,6 +143,9 @@ class Capabilities:
     streaming: bool = False
     saturation_batch: int = 32
     max_running_requests: int = 256
+    # Reward batch size (input tokens) past which a bigger batch no longer gets cheaper per
+    # item: lazy verification's token threshold on this backend. None: not measured.
+    reward_batch_tokens: int | None = None
     name: str = "backend"
     extra: dict[str, float] = field(default_factory=dict)
 

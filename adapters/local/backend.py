@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -53,6 +54,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
             configured = engine.config.saturation_batch
             self._saturation = configured or measure_saturation_batch(engine)
         self._prm_pool = ThreadPoolExecutor(1, thread_name_prefix="spec-tot-prm") if prm else None
+        self._reward_knee = measure_reward_knee(prm) if prm is not None else None
         self._thread = threading.Thread(target=self._worker, name="spec-tot-engine", daemon=True)
         if engine is not None:
             self._thread.start()
@@ -68,6 +70,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
             engine_dedup=True,
             saturation_batch=max(1, self._saturation),
             max_running_requests=cfg.max_num_seqs if cfg else 1,
+            reward_batch_tokens=self._reward_knee,
             name="local",
             extra={
                 "num_kv_blocks": float(cfg.num_kv_blocks if cfg else 0),
@@ -229,3 +232,25 @@ def measure_saturation_batch(engine: LLMEngine, reps: int = 7) -> int:
             break
         best, batch = batch, batch * 2
     return best
+
+
+def measure_reward_knee(prm: PrmScorer, reps: int = 3) -> int:
+    """Input tokens of the smallest PRM batch whose cost per item is within 1.25x of a
+    32-item batch's: lazy verification gains little by waiting for more than that."""
+    item = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
+    tokens = prm.count_tokens(item)
+
+    def per_item(n: int) -> float:
+        best = float("inf")
+        for _ in range(reps):
+            start = time.perf_counter()
+            prm.score([item] * n)
+            best = min(best, time.perf_counter() - start)
+        return best / n
+
+    prm.score([item] * 32)  # warm-up: first calls pay allocation and kernel selection
+    floor = per_item(32)
+    for n in (1, 2, 4, 8, 16):
+        if per_item(n) <= 1.25 * floor:
+            return n * tokens
+    return 32 * tokens

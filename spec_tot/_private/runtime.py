@@ -80,6 +80,8 @@ class QueryRunner:
         self._speculative_errors: dict[str, str] = {}  # reported only if adopted
         self._truncated = False
         self._closed = False
+        self._generating: set[str] = set()  # nodes whose request is on the backend now
+        self._aborts: set[asyncio.Task[int]] = set()
 
     # -- the consumer loop --------------------------------------------------------------------
     async def run(self) -> QueryOutcome:
@@ -286,13 +288,23 @@ class QueryRunner:
                         self._cancel(child)
 
     def _cancel(self, node: Node) -> None:
+        """Cancel a speculative subtree. A request still generating is aborted on the
+        backend, so it returns what it produced (counted as wasted tokens) and frees its KV
+        at once; a branch waiting elsewhere (reward queue, tool) is cancelled outright."""
+        aborting = False
         for sub in node.subtree():
             if sub.status is not NodeStatus.CANCELLED and sub.speculative:
                 sub.status = NodeStatus.CANCELLED
                 self._emit("cancelled", sub)
             task = self._tasks.get(sub.id)
-            if task is not None:
+            if sub.id in self._generating:
+                aborting = True
+            elif task is not None:
                 task.cancel()
+        if aborting:
+            abort = asyncio.get_running_loop().create_task(self.backend.abort(node.id))
+            self._aborts.add(abort)
+            abort.add_done_callback(self._aborts.discard)
 
     # -- one branch ---------------------------------------------------------------------------
     async def _segment(self, child: Node, thought: str, state: State) -> None:
@@ -388,16 +400,18 @@ class QueryRunner:
         self.recorder.request_started(speculative=speculative)
         if self.budget is not None and not speculative:
             self.budget.committed += 1
+        self._generating.add(child.id)
         try:
             result = await self.backend.generate(request)
         finally:
+            self._generating.discard(child.id)
             self.recorder.request_finished(speculative=speculative)
             if self.budget is not None and not speculative:
                 self.budget.committed -= 1
         completion = result.completions[0]
         child.num_tokens += completion.num_tokens
-        if completion.finish_reason is FinishReason.ABORT:
-            child.status = NodeStatus.CANCELLED
+        if completion.finish_reason is FinishReason.ABORT or child.status is NodeStatus.CANCELLED:
+            child.status = NodeStatus.CANCELLED  # aborted, or cancelled while it finished
             return None
         if first:
             child.text, child.token_ids = completion.text, completion.token_ids
@@ -414,6 +428,8 @@ class QueryRunner:
         # Abort on the backend first, so that running requests end as aborted there (and
         # their KV is freed) instead of depending on each backend's task-cancel handling.
         await self.backend.abort(self.tree.query_id)
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
