@@ -1,4 +1,4 @@
-"""``spec-tot`` command line: ``run`` (the main job), ``bench`` and ``graph``."""
+"""``spec-tot`` command line: ``run`` (the main job), ``bench``, ``serve`` and ``graph``."""
 
 from __future__ import annotations
 
@@ -141,9 +141,16 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _program_for(program: str | None, backend: str | None) -> str:
+    """The toy program fits the synthetic backends; real models run Game of 24."""
+    if program is not None:
+        return program
+    return "toy" if backend in ("scripted", "sim") else "game24"
+
+
 def _bench(
     *,
-    program: str,
+    program: str | None,
     backend: str | None,
     search: str | None,
     modes: list[str],
@@ -156,7 +163,7 @@ def _bench(
 ) -> list[dict[str, Any]]:
     if queries < 1:
         raise ConfigError("--queries", f"must be >= 1, got {queries}")
-    prog = load_program(program)
+    prog = load_program(_program_for(program, backend))
     backend_name = backend or prog.default_backend
     search_name = search or prog.default_search
     rows: list[dict[str, Any]] = []
@@ -188,7 +195,7 @@ def _bench(
                     "mode": mode,
                     "search": search_name,
                     "backend": backend_name,
-                    "program": program,
+                    "program": prog.name,
                     "concurrency": conc,
                     "seed": seed,
                     "metrics": metrics.to_dict(),
@@ -197,7 +204,10 @@ def _bench(
     return rows
 
 
-ProgramOpt = Annotated[str, typer.Option(help="ToT program: toy | game24.")]
+ProgramOpt = Annotated[
+    str | None,
+    typer.Option(help="ToT program: game24 | toy (default: toy on scripted/sim, else game24)."),
+]
 BackendOpt = Annotated[str | None, typer.Option(help="Backend name (default: the program's).")]
 SearchOpt = Annotated[str | None, typer.Option(help="Search policy (default: the program's).")]
 SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
@@ -208,12 +218,12 @@ JsonOpt = Annotated[Path | None, typer.Option(help="Write the runs as JSON here.
 
 @app.command()
 def run(
-    program: ProgramOpt = "toy",
+    program: ProgramOpt = None,
     backend: BackendOpt = None,
     search: SearchOpt = None,
     queries: Annotated[int, typer.Option(help="Number of puzzles.")] = 100,
     concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = 32,
-    mode: Annotated[str, typer.Option(help=f"Executor mode: {', '.join(MODES)}.")] = "baseline",
+    mode: Annotated[str, typer.Option(help=f"Executor mode: {', '.join(MODES)}.")] = "full",
     compare: Annotated[bool, typer.Option(help="Also run baseline mode beside it.")] = False,
     seed: SeedOpt = 0,
     param: ParamOpt = None,
@@ -246,7 +256,7 @@ def run(
 
 @app.command()
 def bench(
-    program: ProgramOpt = "toy",
+    program: ProgramOpt = None,
     backend: BackendOpt = None,
     search: SearchOpt = None,
     modes: Annotated[str, typer.Option(help="Comma-separated executor modes.")] = "baseline",
@@ -296,7 +306,7 @@ def _report(rows: list[dict[str, Any]], json_path: Path | None) -> None:
 
 @app.command()
 def serve(
-    program: ProgramOpt = "game24",
+    program: ProgramOpt = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 30000,
     backend_opt: BackendParamOpt = None,
@@ -306,7 +316,7 @@ def serve(
 
     from spec_tot.adapters.local.serve import create_server_app
 
-    options = {**load_program(program).backend_options("local")}
+    options = {**load_program(program or "game24").backend_options("local")}
     options.update(_parse_pairs(backend_opt, "--backend-opt"))
     backend = default_registry().create("local", **options)
     server = create_server_app(backend, model_path=str(options.get("policy_path", "")))
@@ -315,11 +325,11 @@ def serve(
 
 
 @app.command()
-def graph(program: ProgramOpt = "toy") -> None:
+def graph(program: ProgramOpt = None) -> None:
     """Print a program's compiled graph as Mermaid."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
-    prog = load_program(program)
+    prog = load_program(program or "game24")
     tot = prog.build(backend=ScriptedBackend(), search=prog.default_search, search_params={})
     out.print(graph_to_mermaid(tot.graph), markup=False, highlight=False)
 
