@@ -221,14 +221,14 @@ class LocalBackend(GenerationBackend, RewardBackend):
                 entry[0].call_soon_threadsafe(_resolve, entry[1], result, None)
 
 
-def measure_saturation_batch(engine: LLMEngine, reps: int = 7) -> int:
-    """Largest power-of-two decode batch whose step time stays within 2x of batch 1: below
-    it extra sequences are nearly free (memory/overhead-bound), past it they cost."""
+def measure_saturation_batch(engine: LLMEngine, reps: int = 7, factor: float = 3.0) -> int:
+    """Largest power-of-two decode batch whose step time stays within ``factor`` x batch 1's:
+    below it extra sequences cost little (memory/overhead-bound), past it they cost."""
     limit = engine.config.max_num_seqs
     base = engine.runner.time_decode(1, reps)
     best, batch = 1, 2
     while batch <= limit:
-        if engine.runner.time_decode(batch, reps) > 2.0 * base:
+        if engine.runner.time_decode(batch, reps) > factor * base:
             break
         best, batch = batch, batch * 2
     return best

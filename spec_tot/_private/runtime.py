@@ -80,6 +80,7 @@ class QueryRunner:
         self._speculative_errors: dict[str, str] = {}  # reported only if adopted
         self._truncated = False
         self._closed = False
+        self._speculate_soon = False
         self._generating: set[str] = set()  # nodes whose request is on the backend now
         self._aborts: set[asyncio.Task[int]] = set()
 
@@ -193,13 +194,17 @@ class QueryRunner:
             child.status = NodeStatus.SCORED if finished else NodeStatus.CANCELLED
             self._reported.put_nowait(child)
 
+    def _speculate_tick(self) -> None:
+        self._speculate_soon = False
+        self._speculate()
+
     def _speculate(self) -> None:
         if self.spec.speculate == "off" or self._closed:
             return
         running = sum(1 for c in self._tasks if self.tree[c].speculative)
         room = self.spec.max_speculative_per_query - running
-        if room <= 0:
-            return
+        if room <= 0 or (self.budget is not None and self.budget.room() <= 0):
+            return  # no room: skip the prediction itself (MCTS simulates on a snapshot)
         candidates = self.policy.predict(self.tree, room)
         if not candidates:
             return
@@ -379,9 +384,11 @@ class QueryRunner:
                 self.budget.finished(self.tree.query_id)
             if not child.speculative:
                 self._reported.put_nowait(child)
-            elif child.status is not NodeStatus.CANCELLED:
-                # A finished speculative node frees a slot: keep the engine busy.
-                asyncio.get_running_loop().call_soon(self._speculate)
+            elif child.status is not NodeStatus.CANCELLED and not self._speculate_soon:
+                # A finished speculative node frees a slot: keep the engine busy. One
+                # prediction per loop tick, however many branches finished in it.
+                self._speculate_soon = True
+                asyncio.get_running_loop().call_soon(self._speculate_tick)
 
     async def _generate(
         self, child: Node, node: GraphNode, state: State, *, first: bool
