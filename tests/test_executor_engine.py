@@ -1,0 +1,94 @@
+"""The speculative executor on the real embedded engine (a tiny random Llama): every mode
+finishes with nothing in flight and every KV block free, also when random queries are
+cancelled mid-search; the other queries still answer."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from engine_fixtures import assert_pool_free, tiny_llama, tiny_prm
+
+from spec_tot import END, START, ExecutorConfig, SamplingParams, ThoughtGraph
+from spec_tot.adapters.local import create_local
+
+__all__ = ["tiny_llama", "tiny_prm"]
+
+torch.set_num_threads(1)
+
+
+def _graph() -> ThoughtGraph:
+    graph = ThoughtGraph()
+    graph.add_thought(
+        "step",
+        lambda s: s["question"] + "\n" + "".join(x + "\n" for x in s["steps"]),
+        sampling=SamplingParams(temperature=1.0, max_tokens=12, stop=("\n",)),
+    )
+    graph.add_reward("prm")
+    graph.add_edge(START, "step")
+    graph.add_edge("step", "prm")
+    graph.add_conditional_edges(
+        "prm", lambda s: "end" if len(s["steps"]) >= 3 else "more", {"more": "step", "end": END}
+    )
+    return graph
+
+
+@pytest.fixture
+async def backend(tiny_llama: Path, tiny_prm: Path) -> Any:
+    local = create_local(
+        policy_path=str(tiny_llama),
+        prm_path=str(tiny_prm),
+        saturation_batch=16,
+        num_kv_blocks=256,
+    )
+    yield local
+    await local.flush()
+    assert local.num_inflight == 0
+    assert_pool_free(local.engine)
+    await local.aclose()
+
+
+@pytest.mark.parametrize("mode", ["baseline", "naive", "spex", "specscale", "full"])
+@pytest.mark.parametrize("search", ["beam", "rstar"])
+async def test_modes_leave_no_request_and_no_kv_block(backend: Any, mode: str, search: str) -> None:
+    params = {"n": 4, "width": 2, "max_depth": 3} if search == "beam" else {"width": 2}
+    app = _graph().compile(
+        search=search,
+        search_params=params,
+        backend=backend,
+        config=ExecutorConfig(mode=mode, seed=3),
+    )
+    batch = await app.arun_batch([{"question": f"{i} 5 6 7"} for i in range(4)])
+    assert all(r.status == "ok" and r.answer is not None for r in batch.results)
+    await backend.flush()
+    assert backend.num_inflight == 0
+    assert_pool_free(backend.engine)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_random_cancellation_frees_every_block(backend: Any, seed: int) -> None:
+    rng = random.Random(seed)
+    app = _graph().compile(
+        search="beam",
+        search_params={"n": 4, "width": 2, "max_depth": 3},
+        backend=backend,
+        config=ExecutorConfig(mode="full", seed=seed),
+    )
+    tasks = [asyncio.create_task(app.ainvoke(f"{i} 1 2 3")) for i in range(6)]
+    victims = rng.sample(range(6), 3)
+    for index in victims:
+        await asyncio.sleep(rng.uniform(0.0, 0.05))
+        tasks[index].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    for index, result in enumerate(results):
+        if index in victims:
+            continue
+        assert not isinstance(result, BaseException), result
+        assert result.answer is not None
+    await backend.flush()
+    assert backend.num_inflight == 0
+    assert_pool_free(backend.engine)
