@@ -21,6 +21,7 @@ __all__ = [
     "Vote",
     "allocate",
     "check_aggregation",
+    "check_beam_shape",
     "check_finite",
     "check_nonnegative",
     "check_positive",
@@ -218,3 +219,11 @@ class Outstanding:
     @property
     def empty(self) -> bool:
         return not self.pending
+
+
+def check_beam_shape(n: int, width: int) -> None:
+    """``n`` samples a round expanded ``width`` at a time: n // width >= 1 kept nodes."""
+    check_positive("n", n)
+    check_positive("width", width)
+    if width > n:
+        raise ConfigError("width", f"must be <= n ({n}) so that n // width >= 1, got {width}")

@@ -27,10 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from spec_tot.errors import ConfigError
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
-__all__ = ["Answer", "Candidate", "Expansion", "SearchPolicy", "check_positive"]
+__all__ = ["Answer", "Candidate", "Expansion", "SearchPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +53,6 @@ class Answer:
     node_id: str | None
     score: float
     votes: dict[str, float]
-
-
-def check_positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(name, f"must be >= 1, got {value}")
 
 
 class SearchPolicy(ABC):

@@ -15,8 +15,7 @@ scored (the more siblings are in, the likelier the current best stays best).
 
 from __future__ import annotations
 
-from spec_tot.errors import ConfigError
-from spec_tot.policies._common import check_positive, expandable, rank
+from spec_tot.policies._common import check_beam_shape, expandable, rank
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Candidate, Expansion
 from spec_tot.tree import Node, NodeStatus, SearchTree
@@ -35,10 +34,7 @@ class DVTS(RoundPolicy):
         aggregation: str = "last",
         vote: str = "best",
     ) -> None:
-        check_positive("n", n)
-        check_positive("width", width)
-        if width > n:
-            raise ConfigError("width", f"must be <= n ({n}) so that n // width >= 1, got {width}")
+        check_beam_shape(n, width)
         super().__init__(max_depth, aggregation, vote)
         self.n = n
         self.width = width
