@@ -146,14 +146,14 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     for ax, policy in zip(axes[0], policies, strict=True):
         for mode in sorted({r["mode"] for r in rows}):
             points = sorted(
-                (r["concurrency"], r["metrics"]["tokens_per_s"])
+                (r["concurrency"], r["metrics"]["queries_per_s"])
                 for r in rows
                 if r["search"] == policy and r["mode"] == mode and r["seed"] == rows[0]["seed"]
             )
             if points:
                 ax.plot(*zip(*points, strict=True), marker="o", label=mode)
         ax.set(title=f"{policy} (embedded engine, CPU)", xlabel="concurrent queries")
-        ax.set(ylabel="output tokens/s", xscale="log")
+        ax.set(ylabel="queries/s (higher is better)", xscale="log")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path)
