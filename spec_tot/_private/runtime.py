@@ -203,8 +203,12 @@ class QueryRunner:
             return
         running = sum(1 for c in self._tasks if self.tree[c].speculative)
         room = self.spec.max_speculative_per_query - running
-        if room <= 0 or (self.budget is not None and self.budget.room() <= 0):
-            return  # no room: skip the prediction itself (MCTS simulates on a snapshot)
+        if self.budget is not None:
+            # Predict no more than the global budget could grant: MCTS prediction simulates
+            # selections on a snapshot, and its cost grows with what it is asked for.
+            room = min(room, self.budget.room())
+        if room <= 0:
+            return
         candidates = self.policy.predict(self.tree, room)
         if not candidates:
             return
