@@ -17,7 +17,7 @@ from spec_tot._private.scoring import FlushRule, RewardRouter
 from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
-from spec_tot.errors import ConfigError, QueryCancelledError, QueryTimeoutError
+from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
 from spec_tot.graph import State
 from spec_tot.metrics import MetricsRecorder, RunMetrics
@@ -33,7 +33,8 @@ __all__ = ["BatchResult", "ToTApp", "ToTResult"]
 
 @dataclass(frozen=True)
 class ToTResult:
-    """One query's outcome. ``status`` is ok, failed, cancelled or timeout; the partial tree
+    """One query's outcome. ``status`` is ok, failed or timeout (a cancelled query raises
+    ``asyncio.CancelledError``); the partial tree
     is kept in every case."""
 
     query_id: str
@@ -187,6 +188,9 @@ class ToTApp(Runnable[Any, ToTResult]):
         ``on_result`` is called as each query finishes (progress bars); ``on_event`` gets
         every search event (``spec_tot.events.ToTEvent``) as it happens."""
         states = self._assign_query_ids([self.input_to_state(value) for value in inputs])
+        # Reserved before any waits for a concurrency slot: a concurrent batch cannot reuse
+        # an id that is still queued here.
+        self._active.update(str(s["query_id"]) for s in states)
         recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
         spec = self.config.speculation
         caps = self.backend.capabilities
@@ -205,8 +209,11 @@ class ToTApp(Runnable[Any, ToTResult]):
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 
         async def one(state: State) -> ToTResult:
-            async with limit:
-                result = await self._run_one(state, recorder, router, budget, on_event)
+            try:
+                async with limit:
+                    result = await self._run_one(state, recorder, router, budget, on_event)
+            finally:
+                self._active.discard(str(state["query_id"]))
             if on_result is not None:
                 on_result(result)
             return result
@@ -273,7 +280,6 @@ class ToTApp(Runnable[Any, ToTResult]):
         started = loop.time()
         status, answer, truncated = "ok", None, False
         errors: tuple[str, ...] = ()
-        self._active.add(query_id)
         try:
             runner = QueryRunner(
                 graph=self.graph,
@@ -300,8 +306,6 @@ class ToTApp(Runnable[Any, ToTResult]):
             raise
         except Exception as exc:
             status, errors = "failed", (f"{query_id}: {type(exc).__name__}: {exc}",)
-        finally:
-            self._active.discard(query_id)
         text = answer.text if answer is not None else None
         solved = bool(self.check(state, text)) if self.check is not None and text else False
         record = record_for(tree, status, solved, loop.time() - started)
@@ -334,8 +338,6 @@ class ToTApp(Runnable[Any, ToTResult]):
         result = (await self._arun_configured([input], [config]))[0]
         if result.status == "timeout":
             raise QueryTimeoutError("; ".join(result.errors))
-        if result.status == "cancelled":
-            raise QueryCancelledError(result.query_id)
         return result
 
     async def abatch(
@@ -380,9 +382,8 @@ class ToTApp(Runnable[Any, ToTResult]):
         from spec_tot._private.runnable import EventPump, configured_app
 
         app = configured_app(self, configs[0] if configs else None)
-        states = [app.input_to_state(value) for value in inputs]
-        for state in states:  # ids known up front: events are routed to their query's run
-            state["query_id"] = str(state.get("query_id") or f"q{next(self._ids)}")
+        # ids known up front: events are routed to their query's run
+        states = self._assign_query_ids([app.input_to_state(value) for value in inputs])
         pump, runs = EventPump(), []
         for value, state, raw in zip(inputs, states, configs, strict=True):
             cfg = ensure_config(raw)

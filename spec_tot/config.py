@@ -79,6 +79,10 @@ class Speculation:
     def __post_init__(self) -> None:
         if self.speculate not in ("off", "all", "ranked"):
             raise ConfigError("speculate", f"must be off, all or ranked, got {self.speculate!r}")
+        for name in ("tau", "et_alpha", "full_score"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise ConfigError(name, f"must be a finite number, got {value!r}")
         if not self.tau > 0:
             raise ConfigError("tau", f"must be > 0, got {self.tau}")
         if self.et_min_answers < 1:
@@ -149,8 +153,20 @@ class ExecutorConfig:
             if key not in known:
                 raise ConfigError(f"speculation.{key}", f"unknown switch; known: {sorted(known)}")
         overrides = dict(self.speculation_overrides)
-        if isinstance(overrides.get("lv"), Mapping):
-            overrides["lv"] = LazyVerification(**overrides["lv"])
+        lv = overrides.get("lv")
+        if isinstance(lv, Mapping):
+            try:
+                overrides["lv"] = LazyVerification(**lv)
+            except TypeError as exc:
+                raise ConfigError("speculation.lv", str(exc)) from exc
+        elif lv is not None and not isinstance(lv, LazyVerification):
+            raise ConfigError(
+                "speculation.lv", f"expected a dict, LazyVerification or None: {lv!r}"
+            )
         if overrides.get("speculate", MODES[self.mode].speculate) != "off":
             overrides.setdefault("round_rewards", False)
-        object.__setattr__(self, "speculation", replace(MODES[self.mode], **overrides))
+        try:
+            speculation = replace(MODES[self.mode], **overrides)
+        except TypeError as exc:  # a value of the wrong type in a switch
+            raise ConfigError("speculation_overrides", str(exc)) from exc
+        object.__setattr__(self, "speculation", speculation)

@@ -10,7 +10,6 @@ know this module); runtime failures of a backend or a query are ``RuntimeError``
     └── ExecutionError(RuntimeError)     a query could not finish
         ├── BackendError                 a backend failed after its bounded retries
         │   └── BackendTimeoutError      no answer within the deadline
-        ├── QueryCancelledError          the query was cancelled by its caller
         └── QueryTimeoutError            the query exceeded its own deadline
 
 Errors carry the offending name in ``field`` / ``node`` / ``endpoint`` so tools can show it.
@@ -24,7 +23,6 @@ __all__ = [
     "ConfigError",
     "ExecutionError",
     "GraphValidationError",
-    "QueryCancelledError",
     "QueryTimeoutError",
     "SpecTotError",
     "UnknownNameError",
@@ -74,10 +72,6 @@ class BackendError(ExecutionError):
 
 class BackendTimeoutError(BackendError):
     """A backend gave no answer within its deadline."""
-
-
-class QueryCancelledError(ExecutionError):
-    """The query was cancelled by its caller; its partial tree is in ``partial``."""
 
 
 class QueryTimeoutError(ExecutionError):

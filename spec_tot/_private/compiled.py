@@ -76,6 +76,17 @@ class CompiledGraph:
             raise ExecutionError(f"router of node {name!r} returned unknown node {choice!r}")
         return choice
 
+    def check_steps(self, position: str, steps: int) -> int:
+        """One more node in a segment. A segment visits each node at most once unless a
+        router without a path map loops it (validation cannot see that): stop it there."""
+        steps += 1
+        if steps > len(self.nodes):
+            raise ExecutionError(
+                f"node {position!r} is on a loop with no reward node: a router without a "
+                "path map sent the branch round it; give that router a path map"
+            )
+        return steps
+
     def entry(self, state: State) -> str:
         return self.next(START, state)
 
@@ -91,7 +102,9 @@ class CompiledGraph:
         """Run function and tool nodes from ``position`` until a thought node (returned) or
         END (None). ``before_tool`` is awaited before each tool: speculative branches wait
         there until committed."""
+        steps = 0
         while position != END:
+            steps = self.check_steps(position, steps)
             node = self.nodes[position]
             if node.kind is NodeKind.THOUGHT:
                 return position, state

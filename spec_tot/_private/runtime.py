@@ -80,6 +80,8 @@ class QueryRunner:
         self._speculative_errors: dict[str, str] = {}  # reported only if adopted
         self._truncated = False
         self._closed = False
+        self._settled: set[str] = set()  # branches whose bookkeeping is done
+        self._spec_at_start: dict[str, bool] = {}
         self._speculate_soon = False
         self._generating: set[str] = set()  # nodes whose request is on the backend now
         self._aborts: set[asyncio.Task[int]] = set()
@@ -225,6 +227,8 @@ class QueryRunner:
             if parent.children or parent.resume_at is None:
                 continue
             for _ in range(min(candidate.width, room)):
+                if len(self.tree) >= self.config.max_nodes:
+                    return
                 self._start(self.tree.add_child(parent, speculative=True), parent)
                 room -= 1
 
@@ -244,10 +248,17 @@ class QueryRunner:
             self._segment(child, parent.resume_at, parent.state), name=child.id
         )
         self._tasks[child.id] = task
+        self._spec_at_start[child.id] = child.speculative
         task.add_done_callback(self._forget_task)
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(task.get_name(), None)
+        node_id = task.get_name()
+        self._tasks.pop(node_id, None)
+        if node_id not in self._settled:  # cancelled before its first step
+            child = self.tree[node_id]
+            if not child.status.final:
+                child.status = NodeStatus.CANCELLED
+            self._settle(child, reached_reward=False, speculative=self._spec_at_start[node_id])
 
     # -- pruning ------------------------------------------------------------------------------
     def _early_prune(self) -> None:
@@ -322,8 +333,9 @@ class QueryRunner:
         reached_reward = False
         speculative_at_start = child.speculative
         try:
-            position, first = thought, True
+            position, first, steps = thought, True, 0
             while self.graph.kind(position) is not NodeKind.REWARD:
+                steps = self.graph.check_steps(position, steps)
                 node = self.graph.nodes[position]
                 if node.kind is NodeKind.THOUGHT:
                     text = await self._generate(child, node, state, first=first)
@@ -380,19 +392,25 @@ class QueryRunner:
             else:
                 self._errors.append(message)
         finally:
-            if not reached_reward:
-                self.rewards.segment_ended_unscored(
-                    self.tree.query_id, speculative=child.speculative
-                )
-            if speculative_at_start and self.budget is not None:
-                self.budget.finished(self.tree.query_id)
-            if not child.speculative:
-                self._reported.put_nowait(child)
-            elif child.status is not NodeStatus.CANCELLED and not self._speculate_soon:
-                # A finished speculative node frees a slot: keep the engine busy. One
-                # prediction per loop tick, however many branches finished in it.
-                self._speculate_soon = True
-                asyncio.get_running_loop().call_soon(self._speculate_tick)
+            self._settle(child, reached_reward=reached_reward, speculative=speculative_at_start)
+
+    def _settle(self, child: Node, *, reached_reward: bool, speculative: bool) -> None:
+        """A branch's bookkeeping, exactly once: from its own ``finally``, or from its
+        done-callback when it was cancelled before it ever ran."""
+        if child.id in self._settled:
+            return
+        self._settled.add(child.id)
+        if not reached_reward:
+            self.rewards.segment_ended_unscored(self.tree.query_id, speculative=child.speculative)
+        if speculative and self.budget is not None:
+            self.budget.finished(self.tree.query_id)
+        if not child.speculative:
+            self._reported.put_nowait(child)
+        elif child.status is not NodeStatus.CANCELLED and not self._speculate_soon:
+            # A finished speculative node frees a slot: keep the engine busy. One
+            # prediction per loop tick, however many branches finished in it.
+            self._speculate_soon = True
+            asyncio.get_running_loop().call_soon(self._speculate_tick)
 
     async def _generate(
         self, child: Node, node: GraphNode, state: State, *, first: bool
@@ -429,21 +447,25 @@ class QueryRunner:
         return completion.text
 
     async def _before_tool(self, child: Node, tool: GraphNode) -> None:
-        """A non-speculable tool runs only on a committed branch: wait for adoption."""
+        """A non-speculable tool runs only on a committed branch of a live query: wait for
+        adoption."""
+        if self._closed:
+            raise asyncio.CancelledError  # the query is over: this branch must not act
         if child.speculative and not (tool.speculable and tool.pure):
             event = self._committed_events.setdefault(child.id, asyncio.Event())
             await event.wait()
 
     async def _shutdown(self) -> None:
         self._closed = True
-        # Abort on the backend first, so that running requests end as aborted there (and
-        # their KV is freed) instead of depending on each backend's task-cancel handling.
-        await self.backend.abort(self.tree.query_id)
-        if self._aborts:
-            await asyncio.gather(*self._aborts, return_exceptions=True)
+        # Stop every branch first (no tool may run once the query is over), then abort on
+        # the backend: requests still registered there end at once and free their KV,
+        # whatever each backend does on task cancellation.
         tasks = list(self._tasks.values())
         for task in tasks:
             task.cancel()
+        await self.backend.abort(self.tree.query_id)
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         for node in self.tree.nodes():

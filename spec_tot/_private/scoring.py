@@ -64,6 +64,7 @@ class _Pending:
     tokens: int
     future: asyncio.Future[tuple[float, ...]]
     counted: bool = False  # counts in its query's committed group
+    queued: bool = True  # still waiting in a queue (not yet in a batch being scored)
     deferrals: int = 0
 
 
@@ -121,7 +122,8 @@ class RewardRouter:
         if pending is not None and not pending.counted:
             pending.speculative = False
             pending.counted = True
-            query.pending_committed += 1
+            if pending.queued:
+                query.pending_committed += 1
         self._check(query_id)
 
     def segment_ended_unscored(self, query_id: str, *, speculative: bool) -> None:
@@ -152,14 +154,13 @@ class RewardRouter:
     ) -> tuple[float, ...]:
         try:
             item, scorer = self._prepare(node_id, reward_node, state)
+            tokens = _tokens(scorer, item)
         except Exception:
             # Never registered: release the branch so its round can still complete.
             self.segment_ended_unscored(query_id, speculative=speculative)
             raise
         loop = asyncio.get_running_loop()
-        pending = _Pending(
-            query_id, scorer, item, speculative, _tokens(scorer, item), loop.create_future()
-        )
+        pending = _Pending(query_id, scorer, item, speculative, tokens, loop.create_future())
         query = self._queries.setdefault(query_id, _Query())
         key = query_id if self._rule == "round" else ""
         queue = self._pending.setdefault(key, _Queue(oldest=loop.time()))
@@ -175,8 +176,14 @@ class RewardRouter:
             return await pending.future
         finally:
             self._unresolved.pop(node_id, None)
+            if pending.queued:  # left before its batch ran (cancelled): take it out
+                pending.queued = False
+                waiting = self._pending.get(key)
+                if waiting is not None and pending in waiting.items:
+                    waiting.items.remove(pending)
+                if pending.counted:
+                    query.pending_committed -= 1
             if pending.counted:
-                query.pending_committed -= 1
                 query.committed_unscored -= 1
             self._check(query_id)
 
@@ -241,6 +248,10 @@ class RewardRouter:
         queue = self._pending.pop(key, None)
         if queue is None or not queue.items:
             return
+        for p in queue.items:  # in flight now: no longer "waiting" for the group rule
+            p.queued = False
+            if p.counted:
+                self._queries.setdefault(p.query_id, _Query()).pending_committed -= 1
         # Committed work first: its scores unblock the policy.
         batch = sorted(queue.items, key=lambda p: p.speculative)
         task = asyncio.get_running_loop().create_task(self._run(batch))
@@ -252,19 +263,27 @@ class RewardRouter:
         for entry in pending:
             groups.setdefault(id(entry.scorer), []).append(entry)
         for group in groups.values():
-            live = [p for p in group if not p.future.done()]
-            if not live:
-                continue
-            scorer = live[0].scorer
-            items = [p.item for p in live]
-            try:
-                self._recorder.reward_call(len(items), sum(p.tokens for p in live))
-                scores = await call_scorer(scorer, items)
-            except Exception as exc:
-                for p in live:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-                continue
-            for p, value in zip(live, scores, strict=True):
+            await self._score_group(group)
+
+    async def _score_group(self, group: list[_Pending]) -> None:
+        live = [p for p in group if not p.future.done()]
+        if not live:
+            return
+        try:
+            self._recorder.reward_call(len(live), sum(p.tokens for p in live))
+            scores = await call_scorer(live[0].scorer, [p.item for p in live])
+        except Exception as exc:
+            queries = {p.query_id for p in live}
+            if len(queries) > 1:
+                # A batch shared by queries failed: score each query alone, so that only
+                # the query whose items fail sees the error.
+                for query_id in sorted(queries):
+                    await self._score_group([p for p in live if p.query_id == query_id])
+                return
+            for p in live:
                 if not p.future.done():
-                    p.future.set_result(value)
+                    p.future.set_exception(exc)
+            return
+        for p, value in zip(live, scores, strict=True):
+            if not p.future.done():
+                p.future.set_result(value)
