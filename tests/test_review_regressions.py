@@ -127,3 +127,15 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
     assert calls == [["A/0", "A/1"]]  # B/0 waits for its own group (or the timer)
     router.forget("B")
     await asyncio.gather(*a, b, return_exceptions=True)
+
+
+async def test_naive_continues_every_finished_candidate_not_just_the_predicted_ones() -> None:
+    counts = {}
+    for speculate in ("all", "ranked"):
+        backend = LatencyBackend(
+            ScriptedConfig(), gen_latency=tick_fn(3, 30), reward_latency=tick_fn(4, 5)
+        )
+        app = make_app(backend, "beam", "naive", speculation_overrides={"speculate": speculate})
+        batch = await app.arun_batch(inputs("a", "b", "c"))
+        counts[speculate] = batch.metrics.speculative_nodes
+    assert counts["all"] > counts["ranked"]

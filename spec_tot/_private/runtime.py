@@ -28,7 +28,7 @@ from spec_tot.errors import ExecutionError
 from spec_tot.events import EventKind, EventSink, ToTEvent
 from spec_tot.graph import END, GraphNode, NodeKind, State
 from spec_tot.metrics import MetricsRecorder, QueryRecord
-from spec_tot.policies.base import Answer, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
 from spec_tot.requests import FinishReason, GenerateRequest, Priority
 from spec_tot.tree import Node, NodeStatus, SearchTree, aggregate_scores
 
@@ -212,6 +212,8 @@ class QueryRunner:
         if room <= 0:
             return
         candidates = self.policy.predict(self.tree, room)
+        if self.spec.speculate == "all":
+            candidates = self._every_finished_candidate(candidates)
         if not candidates:
             return
         if self.budget is not None:
@@ -231,6 +233,27 @@ class QueryRunner:
                     return
                 self._start(self.tree.add_child(parent, speculative=True), parent)
                 room -= 1
+
+    def _every_finished_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
+        """Naive continuation (the papers' strawman, and SpecScale's speculation): every
+        scored, unfinished candidate of the round is continued at once, at the widest width
+        the policy would give any node; MCTS-like policies keep their own predictions."""
+        if not self.policy.discards_unselected:
+            return predicted
+        width = max((c.width for c in predicted), default=1)
+        chosen = {c.parent_id for c in predicted}
+        depth_limit = getattr(self.policy, "max_depth", None)
+        rest = [
+            Candidate(n.id, width, 0.0)
+            for n in self._round
+            if n.id not in chosen
+            and n.status is NodeStatus.SCORED
+            and not n.terminal
+            and not n.children
+            and n.resume_at is not None
+            and (depth_limit is None or n.depth < depth_limit)
+        ]
+        return [*predicted, *rest]
 
     def _start(self, child: Node, parent: Node) -> None:
         assert parent.resume_at is not None  # checked by the policy contract and _speculate
