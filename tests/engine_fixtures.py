@@ -177,3 +177,23 @@ def run_all(engine: Any) -> dict[str, Any]:
         for result in engine.step():
             out[result.request_id] = result
     return out
+
+
+def step_graph(*, max_tokens: int, depth: int) -> Any:
+    """A one-thought-per-step ToT graph for the tiny engine models: ``depth`` steps, each
+    scored by the backend's PRM."""
+    from spec_tot import END, START, SamplingParams, ThoughtGraph
+
+    graph = ThoughtGraph()
+    graph.add_thought(
+        "step",
+        lambda s: s["question"] + "\n" + "".join(x + "\n" for x in s["steps"]),
+        sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens, stop=("\n",)),
+    )
+    graph.add_reward("prm")
+    graph.add_edge(START, "step")
+    graph.add_edge("step", "prm")
+    graph.add_conditional_edges(
+        "prm", lambda s: "end" if len(s["steps"]) >= depth else "more", {"more": "step", "end": END}
+    )
+    return graph

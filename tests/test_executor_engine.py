@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import assert_pool_free, tiny_llama, tiny_prm
+from engine_fixtures import assert_pool_free, step_graph, tiny_llama, tiny_prm
 
-from spec_tot import END, START, ExecutorConfig, SamplingParams, ThoughtGraph
+from spec_tot import ExecutorConfig, ThoughtGraph
 from spec_tot.adapters.local import create_local
 
 __all__ = ["tiny_llama", "tiny_prm"]
@@ -22,19 +22,7 @@ torch.set_num_threads(1)
 
 
 def _graph() -> ThoughtGraph:
-    graph = ThoughtGraph()
-    graph.add_thought(
-        "step",
-        lambda s: s["question"] + "\n" + "".join(x + "\n" for x in s["steps"]),
-        sampling=SamplingParams(temperature=1.0, max_tokens=12, stop=("\n",)),
-    )
-    graph.add_reward("prm")
-    graph.add_edge(START, "step")
-    graph.add_edge("step", "prm")
-    graph.add_conditional_edges(
-        "prm", lambda s: "end" if len(s["steps"]) >= 3 else "more", {"more": "step", "end": END}
-    )
-    return graph
+    return step_graph(max_tokens=12, depth=3)
 
 
 @pytest.fixture

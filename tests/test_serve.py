@@ -16,9 +16,9 @@ import httpx
 import pytest
 import torch
 import uvicorn
-from engine_fixtures import assert_pool_free, tiny_llama, tiny_prm
+from engine_fixtures import assert_pool_free, step_graph, tiny_llama, tiny_prm
 
-from spec_tot import END, START, ExecutorConfig, SamplingParams, ThoughtGraph
+from spec_tot import ExecutorConfig, SamplingParams, ThoughtGraph
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.local.serve import create_server_app, parse_generate
 from spec_tot.adapters.sglang import create_sglang
@@ -125,19 +125,7 @@ async def test_bad_requests_name_the_field(served: tuple[Any, str]) -> None:
 
 
 def _graph() -> ThoughtGraph:
-    graph = ThoughtGraph()
-    graph.add_thought(
-        "step",
-        lambda s: s["question"] + "\n" + "".join(x + "\n" for x in s["steps"]),
-        sampling=SamplingParams(temperature=1.0, max_tokens=8, stop=("\n",)),
-    )
-    graph.add_reward("prm")
-    graph.add_edge(START, "step")
-    graph.add_edge("step", "prm")
-    graph.add_conditional_edges(
-        "prm", lambda s: "end" if len(s["steps"]) >= 2 else "more", {"more": "step", "end": END}
-    )
-    return graph
+    return step_graph(max_tokens=8, depth=2)
 
 
 async def test_full_executor_same_answers_over_http(served: tuple[Any, str]) -> None:
