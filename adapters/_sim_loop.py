@@ -268,10 +268,11 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         while True:
             if self._prm_jobs:
-                tokens, future = self._prm_jobs.popleft()
-                await self._prm_step(tokens)
-                if not future.done():
-                    future.set_result(None)
+                futures = self._next_prm_batch()
+                await self._prm_step(sum(tokens for tokens, _ in futures))
+                for _, future in futures:
+                    if not future.done():
+                        future.set_result(None)
                 continue
             self._schedule()
             if not self.running:
@@ -299,6 +300,16 @@ class SimEngine:
             if s.merged:
                 k = min(k, s.shared_tokens - s.generated)
         return max(1, k)
+
+    def _next_prm_batch(self) -> list[tuple[int, asyncio.Future[None]]]:
+        """The queued reward calls one forward pass takes: a serving engine batches requests
+        that wait together, up to its prefill chunk (a larger single call still runs whole)."""
+        batch = [self._prm_jobs.popleft()]
+        total = batch[0][0]
+        while self._prm_jobs and total + self._prm_jobs[0][0] <= self.costs.prefill_chunk_tokens:
+            batch.append(self._prm_jobs.popleft())
+            total += batch[-1][0]
+        return batch
 
     async def _prm_step(self, tokens: int) -> None:
         dt = self.costs.prm_time(tokens)

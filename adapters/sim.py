@@ -199,6 +199,17 @@ class SimConfig:
         compute = 2 * self.prm_params * tokens / (self.peak_flops * self.flops_efficiency)
         return self.prm_call_overhead_s + max(memory, compute)
 
+    def reward_knee_tokens(self, efficiency: float = 0.85) -> int:
+        """Batch size (input tokens) at which a PRM call reaches ``efficiency`` of its
+        per-token peak: the call overhead is then mostly paid (LV's token threshold)."""
+        per_token = 2 * self.prm_params / (self.peak_flops * self.flops_efficiency)
+        weights = self.prm_params * self.bytes_per_param / (
+            self.hbm_bandwidth * self.bandwidth_efficiency
+        )
+        # Compute-bound past the weight-read floor: tokens*c / (overhead + tokens*c).
+        knee = efficiency * self.prm_call_overhead_s / ((1 - efficiency) * per_token)
+        return max(1, math.ceil(max(knee, weights / per_token)))
+
     def saturation_batch(self) -> int:
         """The batch past which decode turns compute-bound at ``typical_context_tokens`` (KV
         reads grow with it too), capped by the running limit and the KV capacity."""
@@ -259,6 +270,8 @@ class SimBackend(GenerationBackend, RewardBackend):
             engine_dedup=cfg.engine_dedup,
             saturation_batch=cfg.saturation_batch(),
             max_running_requests=cfg.max_running,
+            reward_batch_tokens=cfg.reward_knee_tokens(),
+            reward_batch_s=cfg.prm_time(cfg.reward_knee_tokens()),
             name=f"sim:{cfg.name}",
             extra={
                 "decode_step_s_batch1": cfg.decode_step_time(1, cfg.typical_context_tokens),

@@ -113,6 +113,7 @@ def run_one(
             "decode_share": st["decode_busy_s"] / wall,
             "prm_share": st["prm_busy_s"] / wall,
             "prm_calls": st["prm_calls"],
+            "prm_tokens": st["prm_tokens"],
             "mean_batch": st["mean_batch"],
             "mean_logical_batch": st["mean_logical_batch"],
             "peak_running": st["peak_running"],

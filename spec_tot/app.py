@@ -196,9 +196,11 @@ class ToTApp(Runnable[Any, ToTResult]):
         caps = self.backend.capabilities
         lv = spec.lv
         if lv is not None and "lv" not in self.config.speculation_overrides:
-            # Calibrated per backend: its measured reward-batch knee, when it has one.
-            knee = caps.reward_batch_tokens
-            lv = replace(lv, token_threshold=knee) if knee else lv
+            # Calibrated per backend: its reward-batch knee and that batch's latency.
+            if caps.reward_batch_tokens:
+                lv = replace(lv, token_threshold=caps.reward_batch_tokens)
+            if caps.reward_batch_s:
+                lv = replace(lv, max_wait_s=caps.reward_batch_s)
         rule: FlushRule = "round" if spec.round_rewards else (lv or "eager")
         capacity = caps.saturation_batch
         budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None

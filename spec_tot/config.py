@@ -22,12 +22,19 @@ Speculate = Literal["off", "all", "ranked"]
 class LazyVerification:
     """SpecScale LV: a reward batch runs when pending input tokens reach ``token_threshold``,
     when a sibling group is complete, when an item was deferred ``max_deferrals`` times, when
-    the oldest item waited ``max_wait_s``, or when ``spec_flush`` speculative items wait."""
+    the oldest item waited ``max_wait_s``, or when ``spec_flush`` speculative items wait.
+
+    ``defer_speculative`` (beyond SpecScale): speculative items ride along in a batch only up
+    to ``token_threshold`` (where the PRM's per-call cost is already paid) and otherwise wait
+    for their branch to be confirmed, pruned or cancelled, or for the ``spec_flush`` backlog;
+    the time and deferral rules count committed items only. A speculative step that is pruned
+    before its turn is then never verified at all."""
 
     token_threshold: int = 2048
     max_deferrals: int = 6
     max_wait_s: float = 0.05
     spec_flush: int = 64
+    defer_speculative: bool = True
 
     def __post_init__(self) -> None:
         for name in ("token_threshold", "max_deferrals", "spec_flush"):

@@ -146,12 +146,19 @@ class Capabilities:
     # Reward batch size (input tokens) past which a bigger batch no longer gets cheaper per
     # item: lazy verification's token threshold on this backend. None: not measured.
     reward_batch_tokens: int | None = None
+    # About one reward batch's latency at that size: lazy verification's wall-clock bound on
+    # this backend (waiting longer than a batch takes cannot pay off). None: not measured.
+    reward_batch_s: float | None = None
     name: str = "backend"
     extra: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.saturation_batch < 1:
             raise ConfigError("saturation_batch", f"must be >= 1, got {self.saturation_batch}")
+        if self.reward_batch_s is not None and not (
+            math.isfinite(self.reward_batch_s) and self.reward_batch_s > 0
+        ):
+            raise ConfigError("reward_batch_s", f"must be > 0, got {self.reward_batch_s}")
         if self.max_running_requests < 1:
             raise ConfigError(
                 "max_running_requests", f"must be >= 1, got {self.max_running_requests}"

@@ -28,6 +28,7 @@ from spec_tot._private.compiled import stable_seed
 from spec_tot._private.scoring import RewardRouter
 from spec_tot._private.speculation import SpeculationBudget, early_prune_threshold
 from spec_tot.adapters.scripted import ScriptedConfig
+from spec_tot.adapters.sim import run_virtual
 from spec_tot.config import LazyVerification
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
@@ -450,18 +451,20 @@ async def test_lv_token_threshold_triggers_a_flush() -> None:
         RewardRouter(None, MetricsRecorder(), lv(token_threshold=10)),
         reward_node(scorer),
     )
-    tasks = [submit(router, node, f"q/{i}", words=3) for i in range(3)]  # 9 tokens
+    tasks = [submit(router, node, f"q/{i}", words=3, spec=False) for i in range(3)]  # 9 tokens
     await settle()
     assert scorer.batches == []
-    tasks.append(submit(router, node, "q/3", words=3))  # 12 >= 10
+    tasks.append(submit(router, node, "q/3", words=3, spec=False))  # 12 >= 10
     await settle()
     assert scorer.batches == [["q/0", "q/1", "q/2", "q/3"]]
     assert await asyncio.gather(*tasks) == [(0.5,)] * 4
 
 
 async def test_lv_complete_sibling_group_triggers_a_flush() -> None:
+    """SpecScale's pooled LV (``defer_speculative=False``): speculative items ride along."""
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv()), reward_node(scorer)
+    router = RewardRouter(None, MetricsRecorder(), lv(defer_speculative=False))
+    node = reward_node(scorer)
     for _ in range(3):
         router.segment_started("q", speculative=False)
     router.segment_started("q", speculative=True)
@@ -493,15 +496,42 @@ async def test_lv_group_counts_branches_that_ended_unscored() -> None:
 async def test_lv_deferral_limit_triggers_a_flush() -> None:
     scorer = CountingScorer()
     router, node = RewardRouter(None, MetricsRecorder(), lv(max_deferrals=2)), reward_node(scorer)
-    tasks = [submit(router, node, "q/0")]
+    tasks = [submit(router, node, "q/0", spec=False)]
     await settle()
-    tasks.append(submit(router, node, "q/1"))
+    tasks.append(submit(router, node, "q/1", spec=False))
     await settle()
     assert scorer.batches == []  # q/0 deferred twice now
-    tasks.append(submit(router, node, "q/2"))
+    tasks.append(submit(router, node, "q/2", spec=False))
     await settle()
     assert scorer.batches == [["q/0", "q/1", "q/2"]]
     await asyncio.gather(*tasks)
+
+
+def test_lv_counts_one_deferral_per_clock_instant() -> None:
+    """Ticks set off at one instant (one engine step's results and what they trigger) are
+    one scheduling opportunity, not many."""
+
+    async def main() -> list[list[str]]:
+        scorer = CountingScorer()
+        router = RewardRouter(None, MetricsRecorder(), lv(max_deferrals=2))
+        node = reward_node(scorer)
+        tasks = [submit(router, node, f"q/{i}", spec=False) for i in range(1)]
+        for i in range(1, 4):  # three more ticks, virtual clock standing still
+            await settle()
+            tasks.append(submit(router, node, f"q/{i}", spec=False))
+        await settle()
+        assert scorer.batches == []
+        await asyncio.sleep(0.001)  # the next instant: the second deferral, then a flush
+        tasks.append(submit(router, node, "q/4", spec=False))
+        await settle()
+        await asyncio.sleep(0.001)
+        tasks.append(submit(router, node, "q/5", spec=False))
+        await settle()
+        await asyncio.gather(*tasks)
+        return scorer.batches
+
+    batches = run_virtual(main())
+    assert batches == [["q/0", "q/1", "q/2", "q/3", "q/4", "q/5"]]
 
 
 async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
@@ -509,7 +539,7 @@ async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
     router, node = RewardRouter(None, MetricsRecorder(), lv(max_wait_s=0.02)), reward_node(scorer)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await asyncio.wait_for(submit(router, node, "q/0"), timeout=1.0)
+    result = await asyncio.wait_for(submit(router, node, "q/0", spec=False), timeout=1.0)
     assert result == (0.5,)
     assert scorer.batches == [["q/0"]]
     assert loop.time() - started >= 0.015
@@ -538,11 +568,35 @@ async def test_lv_batches_across_queries_and_records_calls() -> None:
     scorer = CountingScorer()
     recorder = MetricsRecorder()
     router, node = RewardRouter(None, recorder, lv(token_threshold=4)), reward_node(scorer)
-    tasks = [submit(router, node, f"q{i}/0", words=1) for i in range(4)]
+    tasks = [submit(router, node, f"q{i}/0", words=1, spec=False) for i in range(4)]
     await settle()
     assert scorer.batches == [["q0/0", "q1/0", "q2/0", "q3/0"]]
     assert recorder.reward_calls == 1 and recorder.reward_items == 4
     await asyncio.gather(*tasks)
+
+
+async def test_lv_defers_speculative_items_until_their_branch_is_confirmed() -> None:
+    """Default LV: speculative items never make a batch due, never ride along, and are
+    scored once adopted; a pruned one is never scored at all."""
+    scorer = CountingScorer()
+    router, node = RewardRouter(None, MetricsRecorder(), lv(token_threshold=4)), reward_node(scorer)
+    for _ in range(2):
+        router.segment_started("q", speculative=True)
+    kept = submit(router, node, "q/0/0", words=5)  # 5 tokens >= 4: would be due if counted
+    pruned = submit(router, node, "q/1/0", words=5)
+    await settle()
+    assert scorer.batches == []
+    router.segment_started("q", speculative=False)
+    parent = submit(router, node, "q/0", spec=False)  # a group of one: due at once
+    await settle()
+    assert scorer.batches == [["q/0"]]
+    await parent
+    pruned.cancel()  # early pruning cancels the branch before its turn
+    router.adopt("q", "q/0/0")  # the round selected q/0: its child is committed now
+    await settle()
+    assert scorer.batches == [["q/0"], ["q/0/0"]]
+    assert await kept == (0.5,)
+    await asyncio.gather(pruned, return_exceptions=True)
 
 
 async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None:
@@ -588,7 +642,8 @@ async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working()
     """What QueryRunner._adopt does for a running speculative branch, replayed on the router:
     the branch's reward batch is already being scored when the branch is adopted."""
     scorer = CountingScorer(delay=0.01)
-    router, node = RewardRouter(None, MetricsRecorder(), lv()), reward_node(scorer)
+    router = RewardRouter(None, MetricsRecorder(), lv(defer_speculative=False))
+    node = reward_node(scorer)
     router.segment_started("q", speculative=False)
     router.segment_started("q", speculative=True)
     spec = submit(router, node, "q/0/0", spec=True)  # speculative child of q/0

@@ -13,6 +13,7 @@ Scores are normalised to a tuple of per-step floats.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -49,6 +50,26 @@ async def call_scorer(scorer: Scorer, items: Sequence[RewardItem]) -> list[tuple
     return out
 
 
+def _select(
+    items: list[_Pending], lv: LazyVerification, backlog: bool
+) -> tuple[list[_Pending], list[_Pending]]:
+    """Which pending items a lazy batch takes, and which keep waiting: every committed item;
+    speculative ones too unless ``defer_speculative``, in which case only on the ``backlog``
+    rule, oldest first, up to ``token_threshold``."""
+    batch = [p for p in items if not p.speculative]
+    speculative = [p for p in items if p.speculative]
+    if not lv.defer_speculative:
+        return batch + speculative, []
+    total = 0
+    taken = 0
+    for p in speculative if backlog else ():
+        if taken and total + p.tokens > lv.token_threshold:
+            break
+        total += p.tokens
+        taken += 1
+    return batch + speculative[:taken], speculative[taken:]
+
+
 def _tokens(scorer: Scorer, item: RewardItem) -> int:
     if isinstance(scorer, RewardBackend):
         return scorer.count_item_tokens(item)
@@ -63,6 +84,7 @@ class _Pending:
     speculative: bool
     tokens: int
     future: asyncio.Future[tuple[float, ...]]
+    since: float = 0.0  # when it started waiting
     counted: bool = False  # counts in its query's committed group
     queued: bool = True  # still waiting in a queue (not yet in a batch being scored)
     deferrals: int = 0
@@ -81,7 +103,6 @@ class _Query:
 @dataclass(slots=True)
 class _Queue:
     items: list[_Pending] = field(default_factory=list)
-    oldest: float = 0.0
 
 
 class RewardRouter:
@@ -106,6 +127,7 @@ class RewardRouter:
         self._timer: asyncio.TimerHandle | None = None
         self._tick_scheduled = False
         self._unresolved: dict[str, _Pending] = {}  # node id -> its item, until scored
+        self._last_deferral = -math.inf
 
     # -- branch accounting (committed branches only decide a round) --------------------------
     def segment_started(self, query_id: str, *, speculative: bool) -> None:
@@ -160,12 +182,12 @@ class RewardRouter:
             self.segment_ended_unscored(query_id, speculative=speculative)
             raise
         loop = asyncio.get_running_loop()
-        pending = _Pending(query_id, scorer, item, speculative, tokens, loop.create_future())
+        pending = _Pending(
+            query_id, scorer, item, speculative, tokens, loop.create_future(), loop.time()
+        )
         query = self._queries.setdefault(query_id, _Query())
         key = query_id if self._rule == "round" else ""
-        queue = self._pending.setdefault(key, _Queue(oldest=loop.time()))
-        if not queue.items:
-            queue.oldest = loop.time()
+        queue = self._pending.setdefault(key, _Queue())
         queue.items.append(pending)
         self._unresolved[node_id] = pending
         if not speculative:
@@ -219,41 +241,67 @@ class RewardRouter:
         queue = self._pending.get("")
         if not queue or not queue.items:
             return
+        loop = asyncio.get_running_loop()
         items = queue.items
+        # With deferred speculation only committed items start the clock and the counters:
+        # a speculative item alone is never urgent.
+        timed = [p for p in items if not p.speculative] if lv.defer_speculative else items
+        backlog = sum(p.speculative for p in items) >= lv.spec_flush
         reasons = (
-            sum(p.tokens for p in items) >= lv.token_threshold,
+            sum(p.tokens for p in timed) >= lv.token_threshold,
             any(q.group_complete for q in self._queries.values()),
-            max(p.deferrals for p in items) >= lv.max_deferrals,
-            sum(p.speculative for p in items) >= lv.spec_flush,
-            asyncio.get_running_loop().time() - queue.oldest >= lv.max_wait_s,
+            max((p.deferrals for p in timed), default=0) >= lv.max_deferrals,
+            backlog,
+            bool(timed) and loop.time() - min(p.since for p in timed) >= lv.max_wait_s,
         )
         if any(reasons):
-            self._flush("")
+            self._flush("", lv, backlog)
             return
-        for p in items:
-            p.deferrals += 1
-        if self._timer is None:
-            loop = asyncio.get_running_loop()
+        # A deferral is a scheduling opportunity passed over: at most one per clock instant,
+        # since one engine step's results can set off several ticks at the same moment.
+        now = loop.time()
+        if now != self._last_deferral:
+            self._last_deferral = now
+            for p in timed:
+                p.deferrals += 1
+        if self._timer is None and timed:
             self._timer = loop.call_later(lv.max_wait_s, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._pending.get(""):
+        rule = self._rule
+        if not self._pending.get(""):
+            return
+        if isinstance(rule, LazyVerification):
+            self._flush("", rule, backlog=False)
+        else:
             self._flush("")
 
-    def _flush(self, key: str) -> None:
+    def _flush(
+        self, key: str, lv: LazyVerification | None = None, backlog: bool = False
+    ) -> None:
+        """Score the queue ``key`` now: all of it, or with ``lv`` what ``_select`` picks (the
+        rest waits in a fresh queue)."""
         if key == "" and self._timer is not None:
             self._timer.cancel()
             self._timer = None
         queue = self._pending.pop(key, None)
         if queue is None or not queue.items:
             return
-        for p in queue.items:  # in flight now: no longer "waiting" for the group rule
+        batch = queue.items
+        if lv is not None:
+            batch, rest = _select(batch, lv, backlog)
+            if rest:
+                self._pending[key] = _Queue(rest)
+                self._check("")  # what stays gets a fresh decision (and timer) next tick
+            if not batch:
+                return
+        for p in batch:  # in flight now: no longer "waiting" for the group rule
             p.queued = False
             if p.counted:
                 self._queries.setdefault(p.query_id, _Query()).pending_committed -= 1
         # Committed work first: its scores unblock the policy.
-        batch = sorted(queue.items, key=lambda p: p.speculative)
+        batch = sorted(batch, key=lambda p: p.speculative)
         task = asyncio.get_running_loop().create_task(self._run(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
