@@ -72,15 +72,17 @@ class SimConfig:
     """Hardware, model, engine and workload of one simulated GPU. Defaults = "a100-80gb-7b".
 
     Assumptions (not from a datasheet): achievable fractions of peak bandwidth (0.8) and
-    FLOPs (0.6); a 30 ms PRM call overhead (template, padding, launch) that puts the PRM's
-    batch-efficiency knee near 2,048 input tokens, where SpecScale measured it; MATH-like
-    steps (median 48 tokens, sigma 0.6, 5% stragglers x4); 90% of siblings share a prefix
-    of mean 32 tokens (SpecScale saw 25-50% shared tokens at temperature 0.8).
-    Calibrated: at the pure roofline (1 ms + 20 us/seq per step) the full-context PRM takes
-    ~75% of a beam-8, concurrency-32 run; SpecScale's profile (Fig. 15) is generation 65%,
-    verification 28%. ``step_overhead_s`` 5 ms and ``per_seq_overhead_s`` 1 ms (sampling
-    over a 152k vocabulary, stop checks, detokenisation, Python scheduling) reproduce that
-    split (~69/31); they are fitted, not measured.
+    FLOPs (0.6); an 8 ms fixed and 50 us per-sequence cost per decode step (sampling, stop
+    checks, scheduling: SGLang-like); a 30 ms PRM call overhead (template, padding, launch)
+    that puts the PRM's batch-efficiency knee near 2,048 input tokens, where SpecScale
+    measured it; the PRM served with a prefix cache (it computes only the new step of a
+    trace whose parent it scored); MATH-like steps (median 48 tokens, sigma 0.6, 5%
+    stragglers x4); 90% of siblings share a prefix of mean 32 tokens (SpecScale saw 25-50%
+    shared tokens at temperature 0.8).
+    Calibrated against SpecScale's profile (Fig. 15: generation 65%, verification 28% of a
+    non-speculative beam search): the non-speculative beam-8 run at concurrency 32 splits
+    65/35 here. The earlier fit (1 ms per sequence per step, full-context PRM) matched the
+    split too but made decode cost linear in the batch, which no batching engine has.
     """
 
     name: str = "a100-80gb-7b"
@@ -102,11 +104,11 @@ class SimConfig:
     kv_bytes_per_elem: int = 2
     prm_params: float = 7.61e9
     prm_call_overhead_s: float = 0.03
-    prm_prefix_cache: bool = False  # True: the PRM recomputes only the steps it has not seen
+    prm_prefix_cache: bool = True  # the PRM recomputes only the steps it has not seen
     shared_gpu: bool = True  # the PRM runs on the policy's GPU (SpecScale's single card)
     # engine
-    step_overhead_s: float = 5e-3  # calibrated, see the class docstring
-    per_seq_overhead_s: float = 1e-3  # calibrated, see the class docstring
+    step_overhead_s: float = 8e-3  # see the class docstring
+    per_seq_overhead_s: float = 5e-5  # see the class docstring
     max_running: int = 256
     kv_capacity: int | None = None  # tokens; None: what the memory left after weights holds
     prefill_chunk_tokens: int = 8192
@@ -203,24 +205,27 @@ class SimConfig:
         """Batch size (input tokens) at which a PRM call reaches ``efficiency`` of its
         per-token peak: the call overhead is then mostly paid (LV's token threshold)."""
         per_token = 2 * self.prm_params / (self.peak_flops * self.flops_efficiency)
-        weights = self.prm_params * self.bytes_per_param / (
-            self.hbm_bandwidth * self.bandwidth_efficiency
+        weights = (
+            self.prm_params
+            * self.bytes_per_param
+            / (self.hbm_bandwidth * self.bandwidth_efficiency)
         )
         # Compute-bound past the weight-read floor: tokens*c / (overhead + tokens*c).
         knee = efficiency * self.prm_call_overhead_s / ((1 - efficiency) * per_token)
         return max(1, math.ceil(max(knee, weights / per_token)))
 
     def saturation_batch(self) -> int:
-        """The batch past which decode turns compute-bound at ``typical_context_tokens`` (KV
-        reads grow with it too), capped by the running limit and the KV capacity."""
+        """The decode batch past which one more sequence stops being nearly free: where the
+        per-sequence costs (overhead, KV read at ``typical_context_tokens``, or FLOPs once
+        compute-bound) add up to the fixed cost of a step (overhead + weight read), capped by
+        the running limit and the KV capacity."""
         bandwidth = self.hbm_bandwidth * self.bandwidth_efficiency
         per_seq_compute = 2 * self.params / (self.peak_flops * self.flops_efficiency)
         per_seq_kv = self.typical_context_tokens * self.kv_bytes_per_token / bandwidth
+        fixed = self.step_overhead_s + self.weight_bytes / bandwidth
+        marginal = self.per_seq_overhead_s + max(per_seq_kv, per_seq_compute)
         cap = min(self.max_running, self.kv_capacity_tokens // self.typical_context_tokens)
-        if per_seq_compute <= per_seq_kv:
-            return max(1, cap)  # attention keeps decode memory-bound at any batch
-        knee = math.ceil(self.weight_bytes / bandwidth / (per_seq_compute - per_seq_kv))
-        return max(1, min(knee, cap))
+        return max(1, min(math.ceil(fixed / marginal), cap))
 
 
 _RULES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
@@ -362,7 +367,8 @@ class SimBackend(GenerationBackend, RewardBackend):
         return sum(self.line_tokens(line) for line in text.split("\n"))
 
     def count_item_tokens(self, item: RewardItem) -> int:
-        return self.prompt_tokens(item.question, item.steps)
+        """What the PRM would compute for ``item`` now (its prefix cache left untouched)."""
+        return self._prm_new_tokens(item, remember=False)
 
     # -- GenerationBackend ----------------------------------------------------------------
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -437,19 +443,20 @@ class SimBackend(GenerationBackend, RewardBackend):
             tuple(self.step_score(it.question, it.steps[: i + 1]) for i in range(len(it.steps)))
             for it in items
         ]
-        await self.engine.run_prm(sum(self._prm_new_tokens(it) for it in items))
+        await self.engine.run_prm(sum(self._prm_new_tokens(it, remember=True) for it in items))
         return scores
 
-    def _prm_new_tokens(self, item: RewardItem) -> int:
+    def _prm_new_tokens(self, item: RewardItem, *, remember: bool) -> int:
         """Input tokens the PRM computes: with its prefix cache, only the last step when the
         parent trace was scored before (siblings and children reuse it)."""
-        total = self.count_item_tokens(item)
+        total = self.prompt_tokens(item.question, item.steps)
         key = item.question + "\n" + "\n".join(item.steps)
         parent = key.rsplit("\n", 1)[0]
         hit = self.config.prm_prefix_cache and parent in self._prm_cache and item.steps
-        self._prm_cache[key] = None
-        if len(self._prm_cache) > 100_000:
-            self._prm_cache.popitem(last=False)
+        if remember:
+            self._prm_cache[key] = None
+            if len(self._prm_cache) > 100_000:
+                self._prm_cache.popitem(last=False)
         return self.line_tokens(item.steps[-1]) if hit else total
 
     def stats(self) -> dict[str, float]:

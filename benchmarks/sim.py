@@ -4,14 +4,16 @@ Modes (baseline, naive, spex, specscale, full) x searches (beam n=8 width 4, REB
 rStar MCTS, REST-MCTS*) x concurrency (1, 4, 16, 32, 64) on one preset (A100 80GB + a
 Qwen2.5-7B policy + a 7B PRM on the same card), same seeds everywhere. The sim's CD switch
 (``engine_dedup``) follows the mode's ``dedup`` switch. Also an ablation at 8 beams,
-concurrency 32 (SpecScale's Figure 13 setting) and SPEX's single-query speedups.
+concurrency 32 (SpecScale's Figure 13 setting) and at concurrency 1 (SPEX's single-query
+setting).
 
     python benchmarks/sim.py --json /tmp/sim.json --png /tmp/sim.png
 
 Output: JSON rows in the ``spec-tot bench`` format ({"mode", "search", "backend",
-"concurrency", "seed", "metrics"} plus "sim": engine counters), a PNG of output tokens/s and
-queries/s vs concurrency per mode, the ablation table and one summary line of ratios whose
-denominator is named (baseline, same search, same concurrency).
+"concurrency", "seed", "metrics"} plus "sim": engine counters), a PNG of useful tokens/s
+(generated minus wasted) and queries/s vs concurrency per mode, the ablation tables and one
+summary line of queries/s ratios whose denominator is named (baseline, same search, same
+concurrency). Same queries in every variant, so queries/s compares equal work.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ MODES = ("baseline", "naive", "spex", "specscale", "full")
 # SPEX's (T1 ranked speculation, + T2 budget, + T3 early termination).
 ABLATION: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("baseline", "baseline", {}),
+    ("baseline+CD (no speculation)", "baseline", {"dedup": True}),
     ("naive", "naive", {}),
     ("EP", "specscale", {"dedup": False, "lv": None}),
     ("EP+CD", "specscale", {"lv": None}),
     ("EP+CD+LV (specscale)", "specscale", {}),
+    ("specscale, LV pooled", "specscale", {"lv": {"defer_speculative": False}}),
     ("SPEX T1", "spex", {"budget": False}),
     ("SPEX T1+T2 (spex)", "spex", {}),
     ("SPEX T1+T2+T3", "spex", {"early_termination": True}),
@@ -146,10 +150,12 @@ def _plot(rows: list[dict[str, Any]], path: str) -> None:
             if not pts:
                 continue
             xs = [c for c, _ in pts]
-            axes[0][col].plot(xs, [m["tokens_per_s"] for _, m in pts], marker="o", label=mode)
+            axes[0][col].plot(
+                xs, [m["useful_tokens_per_s"] for _, m in pts], marker="o", label=mode
+            )
             axes[1][col].plot(xs, [m["queries_per_s"] for _, m in pts], marker="o", label=mode)
         axes[0][col].set_title(search)
-        for row, label in ((0, "output tokens/s"), (1, "queries/s")):
+        for row, label in ((0, "useful tokens/s"), (1, "queries/s")):
             axes[row][col].set_xscale("log", base=2)
             axes[row][col].set_xlabel("concurrency")
             axes[row][col].set_ylabel(label)
@@ -170,6 +176,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim", action="append", default=[], help="SimConfig KEY=JSON")
     parser.add_argument("--no-ablation", action="store_true")
+    parser.add_argument("--ablation-concurrency", default="32,1")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
@@ -186,7 +193,7 @@ def main() -> None:
                 ))  # fmt: skip
                 m = rows[-1]["metrics"]
                 print(
-                    f"{search:9s} {mode:9s} x{conc:<3d} {m['tokens_per_s']:8.0f} tok/s "
+                    f"{search:9s} {mode:9s} x{conc:<3d} {m['useful_tokens_per_s']:8.0f} useful/s "
                     f"{m['queries_per_s']:7.3f} q/s acc {m['accuracy']:.2f} "
                     f"waste {m['wasted_tokens'] / max(m['output_tokens'], 1):.2f} "
                     f"gen {rows[-1]['sim']['decode_share']:.2f} "
@@ -194,35 +201,37 @@ def main() -> None:
                     flush=True,
                 )
     ablation: list[dict[str, Any]] = []
-    if not args.no_ablation:
-        print("\nablation: beam n=8 width 4, concurrency 32 (SpecScale Fig. 13 setting)")
+    for conc in [] if args.no_ablation else [int(c) for c in args.ablation_concurrency.split(",")]:
+        print(f"\nablation: beam n=8 width 4, concurrency {conc} (queries/s vs baseline)")
+        first = len(ablation)
         for name, mode, overrides in ABLATION:
             row = run_one(
-                preset=args.preset, mode=mode, search="beam", concurrency=32,
-                queries=_queries(32, args.per_slot, args.min_queries), seed=args.seed,
+                preset=args.preset, mode=mode, search="beam", concurrency=conc,
+                queries=_queries(conc, args.per_slot, args.min_queries), seed=args.seed,
                 overrides=overrides, sim_overrides=sim_overrides,
             )  # fmt: skip
             row["name"] = name
             ablation.append(row)
-            base = ablation[0]["metrics"]["tokens_per_s"]
-            prev = ablation[-2]["metrics"]["tokens_per_s"] if len(ablation) > 1 else base
-            tps = row["metrics"]["tokens_per_s"]
+            base = ablation[first]["metrics"]["queries_per_s"]
+            qps = row["metrics"]["queries_per_s"]
+            m = row["metrics"]
             print(
-                f"  {name:22s} {tps:8.0f} tok/s  {tps / base:5.2f}x baseline  "
-                f"{tps / prev:5.2f}x previous row  prm calls {row['sim']['prm_calls']:.0f}"
+                f"  {name:30s} {qps:6.3f} q/s  {qps / base:5.2f}x baseline  "
+                f"useful {m['useful_tokens_per_s']:6.0f} tok/s  all {m['tokens_per_s']:6.0f} "
+                f"tok/s  prm calls {row['sim']['prm_calls']:.0f}"
             )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"runs": rows, "ablation": ablation}, fh, indent=1)
     if args.png:
         _plot(rows, args.png)
-    print("summary (output tok/s; denominator: baseline, same search and concurrency): "
+    print("summary (queries/s; denominator: baseline, same search and concurrency): "
           + _summary(rows))  # fmt: skip
 
 
 def _summary(rows: list[dict[str, Any]]) -> str:
     base = {
-        (r["search"], r["concurrency"]): r["metrics"]["tokens_per_s"]
+        (r["search"], r["concurrency"]): r["metrics"]["queries_per_s"]
         for r in rows
         if r["mode"] == "baseline"
     }
@@ -230,7 +239,7 @@ def _summary(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         denom = base.get((r["search"], r["concurrency"]))
         if r["mode"] != "baseline" and denom:
-            ratio = r["metrics"]["tokens_per_s"] / denom
+            ratio = r["metrics"]["queries_per_s"] / denom
             parts.append(f"{r['search']}/{r['mode']}@{r['concurrency']} {ratio:.2f}x")
     return "; ".join(parts)
 

@@ -6,14 +6,14 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
 from spec_tot._private.runtime import QueryRunner, record_for
-from spec_tot._private.scoring import FlushRule, RewardRouter
+from spec_tot._private.scoring import FlushRule, RewardRouter, calibrated_lv
 from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
@@ -195,12 +195,8 @@ class ToTApp(Runnable[Any, ToTResult]):
         spec = self.config.speculation
         caps = self.backend.capabilities
         lv = spec.lv
-        if lv is not None and "lv" not in self.config.speculation_overrides:
-            # Calibrated per backend: its reward-batch knee and that batch's latency.
-            if caps.reward_batch_tokens:
-                lv = replace(lv, token_threshold=caps.reward_batch_tokens)
-            if caps.reward_batch_s:
-                lv = replace(lv, max_wait_s=caps.reward_batch_s)
+        if lv is not None:
+            lv = calibrated_lv(lv, self.config.speculation_overrides.get("lv"), caps)
         rule: FlushRule = "round" if spec.round_rewards else (lv or "eager")
         capacity = caps.saturation_batch
         budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None

@@ -78,6 +78,9 @@ class RewardBackend(ABC):
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]: ...
 
     def count_item_tokens(self, item: RewardItem) -> int:
+        """Input tokens that scoring ``item`` costs (lazy verification's token threshold
+        counts these); a backend with a prefix cache may count only the part it would
+        compute."""
         return max(1, len(item.text) // 4)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook

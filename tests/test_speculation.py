@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -25,7 +26,7 @@ from spec_helpers import (
 )
 
 from spec_tot._private.compiled import stable_seed
-from spec_tot._private.scoring import RewardRouter
+from spec_tot._private.scoring import RewardRouter, calibrated_lv
 from spec_tot._private.speculation import SpeculationBudget, early_prune_threshold
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.adapters.sim import run_virtual
@@ -705,3 +706,15 @@ async def test_deterministic_failures_do_not_change_the_search(mode: str) -> Non
     base, got = await one("baseline"), await one(mode)
     assert set(fingerprint(got).nodes) == set(fingerprint(base).nodes)
     assert fingerprint(got) == fingerprint(base)
+
+
+def test_lv_is_calibrated_per_backend_unless_the_user_set_the_value() -> None:
+    caps = Capabilities(reward_batch_tokens=512, reward_batch_s=0.2)
+    default = LazyVerification()
+    assert calibrated_lv(default, None, caps) == replace(
+        default, token_threshold=512, max_wait_s=0.2
+    )
+    named = LazyVerification(max_wait_s=1.5)  # from the dict {"max_wait_s": 1.5}
+    assert calibrated_lv(named, {"max_wait_s": 1.5}, caps) == replace(named, token_threshold=512)
+    assert calibrated_lv(named, named, caps) == named  # an object sets every value
+    assert calibrated_lv(default, None, Capabilities()) == default  # nothing measured

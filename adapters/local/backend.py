@@ -70,7 +70,8 @@ class LocalBackend(GenerationBackend, RewardBackend):
             engine_dedup=True,
             saturation_batch=max(1, self._saturation),
             max_running_requests=cfg.max_num_seqs if cfg else 1,
-            reward_batch_tokens=self._reward_knee,
+            reward_batch_tokens=self._reward_knee[0] if self._reward_knee else None,
+            reward_batch_s=self._reward_knee[1] if self._reward_knee else None,
             name="local",
             extra={
                 "num_kv_blocks": float(cfg.num_kv_blocks if cfg else 0),
@@ -234,9 +235,10 @@ def measure_saturation_batch(engine: LLMEngine, reps: int = 7, factor: float = 3
     return best
 
 
-def measure_reward_knee(prm: PrmScorer, reps: int = 3) -> int:
+def measure_reward_knee(prm: PrmScorer, reps: int = 3) -> tuple[int, float]:
     """Input tokens of the smallest PRM batch whose cost per item is within 1.25x of a
-    32-item batch's: lazy verification gains little by waiting for more than that."""
+    32-item batch's (lazy verification gains little by waiting for more than that), and
+    that batch's latency in seconds (waiting longer than one batch takes cannot pay off)."""
     item = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
     tokens = prm.count_tokens(item)
 
@@ -251,6 +253,7 @@ def measure_reward_knee(prm: PrmScorer, reps: int = 3) -> int:
     prm.score([item] * 32)  # warm-up: first calls pay allocation and kernel selection
     floor = per_item(32)
     for n in (1, 2, 4, 8, 16):
-        if per_item(n) <= 1.25 * floor:
-            return n * tokens
-    return 32 * tokens
+        cost = per_item(n)
+        if cost <= 1.25 * floor:
+            return n * tokens, cost * n
+    return 32 * tokens, floor * 32

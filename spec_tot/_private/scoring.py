@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from spec_tot._private.compiled import maybe_await
@@ -24,9 +24,9 @@ from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
 from spec_tot.graph import GraphNode, State
 from spec_tot.metrics import MetricsRecorder
-from spec_tot.requests import RewardItem
+from spec_tot.requests import Capabilities, RewardItem
 
-__all__ = ["FlushRule", "RewardRouter", "call_scorer"]
+__all__ = ["FlushRule", "RewardRouter", "calibrated_lv", "call_scorer"]
 
 Scorer = RewardBackend | Any
 FlushRule = Literal["round", "eager"] | LazyVerification
@@ -48,6 +48,20 @@ async def call_scorer(scorer: Scorer, items: Sequence[RewardItem]) -> list[tuple
             raise ExecutionError("scorer returned an empty score tuple")
         out.append(steps)
     return out
+
+
+def calibrated_lv(lv: LazyVerification, given: Any, caps: Capabilities) -> LazyVerification:
+    """``lv`` with the backend's calibration (its reward-batch knee as the token threshold,
+    that batch's latency as the wall-clock bound) wherever the user did not set the value
+    (``given``, the ``lv`` override: a LazyVerification sets both, a dict the keys it names)."""
+    explicit = set(given) if isinstance(given, Mapping) else set()
+    if isinstance(given, LazyVerification):
+        explicit = {"token_threshold", "max_wait_s"}
+    if caps.reward_batch_tokens and "token_threshold" not in explicit:
+        lv = replace(lv, token_threshold=caps.reward_batch_tokens)
+    if caps.reward_batch_s and "max_wait_s" not in explicit:
+        lv = replace(lv, max_wait_s=caps.reward_batch_s)
+    return lv
 
 
 def _select(
@@ -277,9 +291,7 @@ class RewardRouter:
         else:
             self._flush("")
 
-    def _flush(
-        self, key: str, lv: LazyVerification | None = None, backlog: bool = False
-    ) -> None:
+    def _flush(self, key: str, lv: LazyVerification | None = None, backlog: bool = False) -> None:
         """Score the queue ``key`` now: all of it, or with ``lv`` what ``_select`` picks (the
         rest waits in a fresh queue)."""
         if key == "" and self._timer is not None:
