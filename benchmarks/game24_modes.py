@@ -87,8 +87,10 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         )
                         backend = engines[config.speculation.dedup]
                         app = compile_game24(search=policy, backend=backend, config=config)
+                        before = backend.stats()
                         batch = await app.arun_batch(game24_inputs(queries))
                         metrics = batch.metrics.to_dict()
+                        engine = _delta(before, backend.stats())
                         rows.append(
                             {
                                 "mode": label,
@@ -98,6 +100,7 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 "seed": seed,
                                 "saturation_batch": saturation,
                                 "metrics": metrics,
+                                "engine": engine,
                             }
                         )
                         print(_line(rows[-1]), flush=True)
@@ -107,14 +110,26 @@ async def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Engine counters of one run, and the executor's CPU time as a share of the engine's
+    step time (the executor-overhead figure)."""
+    keys = ("num_steps", "num_decode_steps", "num_generated_tokens", "step_seconds")
+    out = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    out["mean_step_ms"] = 1e3 * out["step_seconds"] / max(out["num_steps"], 1.0)
+    return out
+
+
 def _line(row: dict[str, Any]) -> str:
     m = row["metrics"]
+    engine = row["engine"]
+    overhead = m["executor_cpu_s"] / max(engine["step_seconds"], 1e-9)
     return (
         f"{row['search']:9s} {row['mode']:10s} c={row['concurrency']:<3d} seed={row['seed']} "
         f"acc={m['accuracy']:.2f} q/s={m['queries_per_s']:.3f} tok/s={m['tokens_per_s']:.0f} "
         f"hit={m['spec_hit_rate']:.2f} wasted={m['wasted_tokens']} "
         f"reward_batch_tok={m['reward_batch_tokens_mean']:.0f} "
-        f"cpu_us/tok={m['executor_cpu_us_per_token']:.0f}"
+        f"cpu_us/tok={m['executor_cpu_us_per_token']:.0f} "
+        f"step_ms={engine['mean_step_ms']:.2f} executor/step_time={overhead:.1%}"
     )
 
 

@@ -203,7 +203,10 @@ class ToTApp(Runnable[Any, ToTResult]):
         busy = None
         if spec.adaptive:
             busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
-        router = RewardRouter(self.reward_scorer, recorder, rule, busy)
+        saturated = None
+        if budget is not None:
+            saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
+        router = RewardRouter(self.reward_scorer, recorder, rule, busy, saturated)
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 
         async def one(state: State) -> ToTResult:

@@ -718,3 +718,23 @@ def test_lv_is_calibrated_per_backend_unless_the_user_set_the_value() -> None:
     assert calibrated_lv(named, {"max_wait_s": 1.5}, caps) == replace(named, token_threshold=512)
     assert calibrated_lv(named, named, caps) == named  # an object sets every value
     assert calibrated_lv(default, None, Capabilities()) == default  # nothing measured
+
+
+async def test_lv_time_rules_rest_while_speculation_has_no_room() -> None:
+    """With T2's budget full no speculation can start, so an early score buys nothing: the
+    deferral and wall-clock rules rest; sibling groups and the token threshold still work."""
+    scorer = CountingScorer()
+    full = [True]
+    router = RewardRouter(
+        None, MetricsRecorder(), lv(max_wait_s=0.01, max_deferrals=1), saturated=lambda: full[0]
+    )
+    node = reward_node(scorer)
+    for _ in range(2):
+        router.segment_started("q", speculative=False)
+    first = submit(router, node, "q/0", spec=False)  # its sibling is still generating
+    await asyncio.sleep(0.05)
+    assert scorer.batches == []
+    full[0] = False  # room again: the wall-clock bound applies at the next decision
+    await asyncio.wait_for(first, timeout=1.0)
+    assert scorer.batches == [["q/0"]]
+    router.forget("q")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from typing import Any
 
 import torch
@@ -49,6 +50,7 @@ _COUNTERS = (
     "num_forward_rows",
     "num_forks",
     "peak_kv_blocks_used",
+    "step_seconds",
     "peak_running_seqs",
 )
 
@@ -92,6 +94,7 @@ class LLMEngine:
         self.num_prompt_tokens = self.num_computed_prompt_tokens = 0
         self.num_generated_tokens = self.num_forward_rows = self.num_forks = 0
         self.peak_kv_blocks_used = self.peak_running_seqs = 0
+        self.step_seconds = 0.0  # wall time inside step(): scheduling, forward, sampling
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -197,11 +200,14 @@ class LLMEngine:
     # -- the step ---------------------------------------------------------------------------
     def step(self) -> list[GenerateResult]:
         """One engine iteration; returns the requests that finished in it."""
+        started = time.perf_counter()
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
         logits = self.runner.run(seqs, is_prefill, self.block_manager.take_cow_pairs())
-        return self._postprocess(seqs, logits, is_prefill)
+        finished = self._postprocess(seqs, logits, is_prefill)
+        self.step_seconds += time.perf_counter() - started
+        return finished
 
     def _postprocess(
         self, seqs: list[Sequence], logits: torch.Tensor, is_prefill: bool

@@ -128,13 +128,18 @@ class RewardRouter:
         recorder: MetricsRecorder,
         rule: FlushRule = "round",
         busy: Callable[[], bool] | None = None,
+        saturated: Callable[[], bool] | None = None,
     ) -> None:
         """``busy`` (adaptive LV): while it is False the engine has idle capacity and lazy
-        verification would only delay scores, so pending items are scored at once."""
+        verification would only delay scores, so pending items are scored at once.
+        ``saturated`` (T2's budget has no room): no speculation can start, so an early score
+        buys nothing (it would steer or prune speculation); the deferral and wall-clock rules
+        rest and batches form by sibling groups and the token threshold alone."""
         self._default = default_scorer
         self._recorder = recorder
         self._rule = rule
         self._busy = busy
+        self._saturated = saturated
         self._queries: dict[str, _Query] = {}
         self._pending: dict[str, _Queue] = {}  # round rule: per query; others: one ("")
         self._tasks: set[asyncio.Task[None]] = set()
@@ -261,12 +266,15 @@ class RewardRouter:
         # a speculative item alone is never urgent.
         timed = [p for p in items if not p.speculative] if lv.defer_speculative else items
         backlog = sum(p.speculative for p in items) >= lv.spec_flush
+        patient = self._saturated is not None and self._saturated()
         reasons = (
             sum(p.tokens for p in timed) >= lv.token_threshold,
             any(q.group_complete for q in self._queries.values()),
-            max((p.deferrals for p in timed), default=0) >= lv.max_deferrals,
+            not patient and max((p.deferrals for p in timed), default=0) >= lv.max_deferrals,
             backlog,
-            bool(timed) and loop.time() - min(p.since for p in timed) >= lv.max_wait_s,
+            not patient
+            and bool(timed)
+            and loop.time() - min(p.since for p in timed) >= lv.max_wait_s,
         )
         if any(reasons):
             self._flush("", lv, backlog)
@@ -286,10 +294,12 @@ class RewardRouter:
         rule = self._rule
         if not self._pending.get(""):
             return
-        if isinstance(rule, LazyVerification):
-            self._flush("", rule, backlog=False)
-        else:
+        if not isinstance(rule, LazyVerification):
             self._flush("")
+        elif self._saturated is not None and self._saturated():
+            self._check("")  # rests while saturated; re-armed by the next decision
+        else:
+            self._flush("", rule, backlog=False)
 
     def _flush(self, key: str, lv: LazyVerification | None = None, backlog: bool = False) -> None:
         """Score the queue ``key`` now: all of it, or with ``lv`` what ``_select`` picks (the
