@@ -85,6 +85,9 @@ class QueryRunner:
         self._speculate_soon = False
         self._generating: set[str] = set()  # nodes whose request is on the backend now
         self._aborts: set[asyncio.Task[int]] = set()
+        # Without T2 a prediction still asks for no more than one saturated batch: MCTS
+        # prediction simulates a selection per slot, and its CPU cost grows with the ask.
+        self._predict_cap = backend.capabilities.saturation_batch
 
     # -- the consumer loop --------------------------------------------------------------------
     async def run(self) -> QueryOutcome:
@@ -211,7 +214,7 @@ class QueryRunner:
             room = min(room, self.budget.room())
         if room <= 0:
             return
-        candidates = self.policy.predict(self.tree, room)
+        candidates = self.policy.predict(self.tree, min(room, self._predict_cap))
         if self.spec.speculate == "all":
             candidates = self._every_finished_candidate(candidates)
         if not candidates:
