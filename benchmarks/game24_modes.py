@@ -34,6 +34,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "full-EP": {"ep": False},
     "full-CD": {"dedup": False},
     "full-LV": {"lv": None},
+    "full-LVdefer": {"lv": {"defer_speculative": False}},
 }
 
 

@@ -738,3 +738,42 @@ async def test_lv_time_rules_rest_while_speculation_has_no_room() -> None:
     await asyncio.wait_for(first, timeout=1.0)
     assert scorer.batches == [["q/0"]]
     router.forget("q")
+
+
+class _SlotCountingBackend(LatencyBackend):
+    """Saturation batch 3; records the most speculative generations in flight at once."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.speculative_now = self.peak_speculative = self.speculative_total = 0
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name="slots", saturation_batch=3, max_running_requests=64)
+
+    async def generate(self, request: Any) -> Any:
+        if not request.speculative:
+            return await super().generate(request)
+        self.speculative_now += 1
+        self.speculative_total += 1
+        self.peak_speculative = max(self.peak_speculative, self.speculative_now)
+        try:
+            return await super().generate(request)
+        finally:
+            self.speculative_now -= 1
+
+
+@pytest.mark.parametrize("policy", ["beam", "mcts"])
+async def test_t2_bounds_speculative_generation_not_branches_waiting_for_rewards(
+    policy: str,
+) -> None:
+    """T2's room is engine capacity: a speculative branch holds a slot while it generates,
+    and gives it back while it waits for its (slow) reward."""
+    backend = _SlotCountingBackend(ScriptedConfig(seed=0, depth=4), tick_fn(0, 4), tick_fn(1, 30))
+    app = make_app(backend, policy, "full")
+    batch = await app.arun_batch(inputs("q0", "q1"))
+    assert all(r.status == "ok" for r in batch.results)
+    assert backend.num_inflight == 0
+    assert backend.speculative_total > 0
+    # committed work may already fill the 3 slots; speculation never adds past the room
+    assert backend.peak_speculative <= 3

@@ -81,10 +81,12 @@ class QueryRunner:
         self._truncated = False
         self._closed = False
         self._settled: set[str] = set()  # branches whose bookkeeping is done
-        self._spec_at_start: dict[str, bool] = {}
         self._speculate_soon = False
         self._generating: set[str] = set()  # nodes whose request is on the backend now
         self._aborts: set[asyncio.Task[int]] = set()
+        # Speculative branches holding a T2 slot: only while they generate, not while they
+        # wait for a (lazily deferred) reward or at a tool for commit.
+        self._slot_holders: set[str] = set()
         # Without T2 a prediction still asks for no more than one saturated batch: MCTS
         # prediction simulates a selection per slot, and its CPU cost grows with the ask.
         self._predict_cap = backend.capabilities.saturation_batch
@@ -264,6 +266,7 @@ class QueryRunner:
             self.recorder.speculative_nodes += 1
             if self.budget is not None:
                 self.budget.started(self.tree.query_id)
+                self._slot_holders.add(child.id)
         else:
             child.status = NodeStatus.RUNNING
             self._round.append(child)
@@ -274,7 +277,6 @@ class QueryRunner:
             self._segment(child, parent.resume_at, parent.state), name=child.id
         )
         self._tasks[child.id] = task
-        self._spec_at_start[child.id] = child.speculative
         task.add_done_callback(self._forget_task)
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
@@ -284,7 +286,7 @@ class QueryRunner:
             child = self.tree[node_id]
             if not child.status.final:
                 child.status = NodeStatus.CANCELLED
-            self._settle(child, reached_reward=False, speculative=self._spec_at_start[node_id])
+            self._settle(child, reached_reward=False)
 
     # -- pruning ------------------------------------------------------------------------------
     def _early_prune(self) -> None:
@@ -357,7 +359,6 @@ class QueryRunner:
         """Generate ``child`` at ``thought``, walk to its reward, score it, walk on to the next
         thought or END. A committed child is always reported, scored or cancelled."""
         reached_reward = False
-        speculative_at_start = child.speculative
         try:
             position, first, steps = thought, True, 0
             while self.graph.kind(position) is not NodeKind.REWARD:
@@ -379,6 +380,7 @@ class QueryRunner:
                 if position == END:
                     raise ExecutionError(f"branch reached END from {thought!r} without a reward")
             reached_reward = True  # from here the reward router accounts for this branch
+            self._release_slot(child)
             step_scores = await self.rewards.score(
                 self.tree.query_id,
                 child.id,
@@ -418,9 +420,9 @@ class QueryRunner:
             else:
                 self._errors.append(message)
         finally:
-            self._settle(child, reached_reward=reached_reward, speculative=speculative_at_start)
+            self._settle(child, reached_reward=reached_reward)
 
-    def _settle(self, child: Node, *, reached_reward: bool, speculative: bool) -> None:
+    def _settle(self, child: Node, *, reached_reward: bool) -> None:
         """A branch's bookkeeping, exactly once: from its own ``finally``, or from its
         done-callback when it was cancelled before it ever ran."""
         if child.id in self._settled:
@@ -428,13 +430,23 @@ class QueryRunner:
         self._settled.add(child.id)
         if not reached_reward:
             self.rewards.segment_ended_unscored(self.tree.query_id, speculative=child.speculative)
-        if speculative and self.budget is not None:
-            self.budget.finished(self.tree.query_id)
+        self._release_slot(child, speculate=False)
         if not child.speculative:
             self._reported.put_nowait(child)
         elif child.status is not NodeStatus.CANCELLED and not self._speculate_soon:
             # A finished speculative node frees a slot: keep the engine busy. One
             # prediction per loop tick, however many branches finished in it.
+            self._speculate_soon = True
+            asyncio.get_running_loop().call_soon(self._speculate_tick)
+
+    def _release_slot(self, child: Node, *, speculate: bool = True) -> None:
+        """A speculative branch stops using the engine: its T2 slot goes back, and (unless
+        the caller does it) a new prediction may fill it."""
+        if child.id not in self._slot_holders or self.budget is None:
+            return
+        self._slot_holders.discard(child.id)
+        self.budget.finished(self.tree.query_id)
+        if speculate and not self._speculate_soon and not self._closed:
             self._speculate_soon = True
             asyncio.get_running_loop().call_soon(self._speculate_tick)
 
@@ -478,6 +490,7 @@ class QueryRunner:
         if self._closed:
             raise asyncio.CancelledError  # the query is over: this branch must not act
         if child.speculative and not (tool.speculable and tool.pure):
+            self._release_slot(child)  # parked until commit: it uses no engine capacity
             event = self._committed_events.setdefault(child.id, asyncio.Event())
             await event.wait()
 
