@@ -20,8 +20,7 @@ class SpeculationBudget:
     same whatever the batch, so speculation there is nearly free. The speculative room is
     ``capacity - committed`` (committed load always wins, so speculation backs off as the
     engine saturates), shared by softmax(utility / tau) over the queries asking for it, where
-    a query's utility is its best candidate's utility times its observed hit rate; each
-    query's slice is further scaled by its hit rate.
+    a query's utility is its best candidate's utility times its observed hit rate.
     """
 
     capacity: int
@@ -49,9 +48,8 @@ class SpeculationBudget:
         weights = {q: math.exp((d - top) / self.tau) for q, d in self.demand.items()}
         share = weights[query_id] / sum(weights.values())
         total = self.capacity - self.committed
-        # A query whose guesses keep missing gets a smaller slice even when alone: its
-        # speculation mostly turns into wasted tokens and KV.
-        share *= self.hit_rate(query_id)
+        # Hit rates steer the split between queries (through ``demand``), not the total:
+        # room below saturation left unused is capacity thrown away.
         allowed = math.floor(share * total + 1e-9) - self.speculative.get(query_id, 0)
         if allowed <= 0 and self.demand[query_id] >= top:
             allowed = 1  # the most useful query always gets a slot while the engine has room
