@@ -203,9 +203,9 @@ class ToTApp(Runnable[Any, ToTResult]):
         busy = None
         if spec.adaptive:
             busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
-        saturated = None
-        if budget is not None:
-            saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
+        # Loaded: committed work fills half the engine's saturation batch. LV's time rules
+        # then rest (an early score only steers speculation, worth little under load).
+        saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
         router = RewardRouter(self.reward_scorer, recorder, rule, busy, saturated)
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 

@@ -720,9 +720,9 @@ def test_lv_is_calibrated_per_backend_unless_the_user_set_the_value() -> None:
     assert calibrated_lv(default, None, Capabilities()) == default  # nothing measured
 
 
-async def test_lv_time_rules_rest_while_speculation_has_no_room() -> None:
-    """With T2's budget full no speculation can start, so an early score buys nothing: the
-    deferral and wall-clock rules rest; sibling groups and the token threshold still work."""
+async def test_lv_time_rules_rest_while_the_engine_is_loaded() -> None:
+    """Under committed load an early score only steers speculation: the deferral and
+    wall-clock rules rest; sibling groups and the token threshold still work."""
     scorer = CountingScorer()
     full = [True]
     router = RewardRouter(

@@ -132,9 +132,9 @@ class RewardRouter:
     ) -> None:
         """``busy`` (adaptive LV): while it is False the engine has idle capacity and lazy
         verification would only delay scores, so pending items are scored at once.
-        ``saturated`` (T2's budget has no room): no speculation can start, so an early score
-        buys nothing (it would steer or prune speculation); the deferral and wall-clock rules
-        rest and batches form by sibling groups and the token threshold alone."""
+        ``saturated`` (committed load fills the engine): an early score would only steer
+        or prune speculation, worth little then, so the deferral and wall-clock rules rest
+        and batches form by sibling groups and the token threshold alone."""
         self._default = default_scorer
         self._recorder = recorder
         self._rule = rule
