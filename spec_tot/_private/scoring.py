@@ -286,7 +286,9 @@ class RewardRouter:
             self._last_deferral = now
             for p in timed:
                 p.deferrals += 1
-        if self._timer is None and timed:
+        if self._timer is None and timed and not patient:
+            # While loaded no timer runs: load only falls when a committed request finishes,
+            # and its branch then reaches the router (scored or ended), which decides again.
             self._timer = loop.call_later(lv.max_wait_s, self._on_timer)
 
     def _on_timer(self) -> None:
@@ -296,9 +298,7 @@ class RewardRouter:
             return
         if not isinstance(rule, LazyVerification):
             self._flush("")
-        elif self._saturated is not None and self._saturated():
-            self._check("")  # rests while saturated; re-armed by the next decision
-        else:
+        elif self._saturated is None or not self._saturated():
             self._flush("", rule, backlog=False)
 
     def _flush(self, key: str, lv: LazyVerification | None = None, backlog: bool = False) -> None:
