@@ -42,6 +42,10 @@ class LazyVerification:
                 raise ConfigError(f"lv.{name}", f"must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
             raise ConfigError("lv.max_wait_s", f"must be > 0, got {self.max_wait_s}")
+        if not isinstance(self.defer_speculative, bool):
+            raise ConfigError(
+                "lv.defer_speculative", f"must be True or False, got {self.defer_speculative!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from spec_tot._private.speculation import SpeculationBudget, early_prune_thresho
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.adapters.sim import run_virtual
 from spec_tot.config import LazyVerification
+from spec_tot.errors import ConfigError
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import Capabilities, RewardItem
@@ -734,9 +735,12 @@ async def test_lv_time_rules_rest_while_the_engine_is_loaded() -> None:
     first = submit(router, node, "q/0", spec=False)  # its sibling is still generating
     await asyncio.sleep(0.05)
     assert scorer.batches == []
-    full[0] = False  # room again: the wall-clock bound applies at the next decision
-    await asyncio.wait_for(first, timeout=1.0)
-    assert scorer.batches == [["q/0"]]
+    # load falls when a committed request finishes; its branch then reaches the router
+    full[0] = False
+    router.segment_started("q", speculative=False)
+    second = submit(router, node, "q/1", spec=False)
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=1.0)
+    assert scorer.batches == [["q/0", "q/1"]]  # q/0 waited past the bound: both go now
     router.forget("q")
 
 
@@ -777,3 +781,12 @@ async def test_t2_bounds_speculative_generation_not_branches_waiting_for_rewards
     assert backend.speculative_total > 0
     # committed work may already fill the 3 slots; speculation never adds past the room
     assert backend.peak_speculative <= 3
+
+
+def test_bad_lazy_verification_and_capability_values_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"lv\.defer_speculative"):
+        LazyVerification(defer_speculative="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="reward_batch_s"):
+        Capabilities(reward_batch_s=0.0)
+    with pytest.raises(ConfigError, match="reward_batch_s"):
+        Capabilities(reward_batch_s=float("nan"))

@@ -240,28 +240,30 @@ def measure_saturation_batch(engine: LLMEngine, reps: int = 7, factor: float = 3
     return best
 
 
+# A typical two-step trace: what the PRM calibrations below measure with.
+_PROBE = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
+
+
 def _tokens_per_char(prm: PrmScorer) -> float:
-    item = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
-    text = build_prm_text(item, prm.step_tag)[0]
-    return prm.count_tokens(item) / max(1, len(text))
+    text = build_prm_text(_PROBE, prm.step_tag)[0]
+    return prm.count_tokens(_PROBE) / max(1, len(text))
 
 
 def measure_reward_knee(prm: PrmScorer, reps: int = 3) -> tuple[int, float]:
     """Input tokens of the smallest PRM batch whose cost per item is within 1.25x of a
     32-item batch's (lazy verification gains little by waiting for more than that), and
     that batch's latency in seconds (waiting longer than one batch takes cannot pay off)."""
-    item = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
-    tokens = prm.count_tokens(item)
+    tokens = prm.count_tokens(_PROBE)
 
     def per_item(n: int) -> float:
         best = float("inf")
         for _ in range(reps):
             start = time.perf_counter()
-            prm.score([item] * n)
+            prm.score([_PROBE] * n)
             best = min(best, time.perf_counter() - start)
         return best / n
 
-    prm.score([item] * 32)  # warm-up: first calls pay allocation and kernel selection
+    prm.score([_PROBE] * 32)  # warm-up: first calls pay allocation and kernel selection
     floor = per_item(32)
     for n in (1, 2, 4, 8, 16):
         cost = per_item(n)
