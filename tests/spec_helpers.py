@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import spec_tot.app
+import spec_tot.executor.batch
 from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
@@ -277,8 +277,8 @@ def fingerprint(result: ToTResult) -> Fingerprint:
 
 # -- live trees and tool calls ---------------------------------------------------------------
 class TreeRegistry:
-    """Patches ``spec_tot.app.SearchTree`` so that every query's live tree is reachable by
-    query id while the query runs (the tool recorder looks branches up there)."""
+    """Patches ``spec_tot.executor.batch.SearchTree`` so that every query's live tree is
+    reachable by query id while the query runs (the tool recorder looks branches up there)."""
 
     def __init__(self) -> None:
         self.trees: dict[str, SearchTree] = {}
@@ -292,7 +292,7 @@ class TreeRegistry:
                 super().__init__(*args, **kwargs)
                 registry.trees[self.query_id] = self
 
-        with mock.patch.object(spec_tot.app, "SearchTree", RegisteredTree):
+        with mock.patch.object(spec_tot.executor.batch, "SearchTree", RegisteredTree):
             yield self
 
 
