@@ -35,8 +35,8 @@ from spec_tot.requests import (
 )
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
-MODES = ("baseline", "naive", "spex", "specscale", "full")
-SPEC_MODES = ("naive", "spex", "specscale", "full")
+MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")
+SPEC_MODES = ("dedup", "naive", "spex", "specscale", "full")  # compared with baseline
 
 # Small, fast parameters for every policy (answers appear at depth 3 of the scripted backend).
 POLICIES: dict[str, dict[str, Any]] = {
