@@ -20,21 +20,28 @@ Speculate = Literal["off", "all", "ranked"]
 
 @dataclass(frozen=True, slots=True)
 class LazyVerification:
-    """SpecScale LV: a reward batch runs when pending input tokens reach ``token_threshold``,
-    when a sibling group is complete, when an item was deferred ``max_deferrals`` times, when
-    the oldest item waited ``max_wait_s``, or when ``spec_flush`` speculative items wait.
+    """SpecScale LV, a batching rule that never delays the critical path: a committed item
+    goes at once while the reward model is idle; otherwise a reward batch runs when pending
+    input tokens (speculative items count) reach ``token_threshold``, when a sibling group is
+    complete, when an item was deferred ``max_deferrals`` times, when the oldest item waited
+    ``max_wait_s``, or when ``spec_flush`` speculative items wait. Speculative items ride in
+    the same batches as committed ones, so a speculative step is usually scored before it is
+    adopted (its score is off the critical path).
 
-    ``defer_speculative`` (beyond SpecScale): speculative items ride along in a batch only up
-    to ``token_threshold`` (where the PRM's per-call cost is already paid) and otherwise wait
-    for their branch to be confirmed, pruned or cancelled, or for the ``spec_flush`` backlog;
-    the time and deferral rules count committed items only. A speculative step that is pruned
-    before its turn is then never verified at all."""
+    ``idle_flush=False`` (ablation): committed items wait for the rules above too, as in
+    SpecScale's LV.
+
+    ``defer_speculative`` (opt-in): speculative items ride along in a batch only up to
+    ``token_threshold`` and otherwise wait for their branch to be confirmed, pruned or
+    cancelled, or for the ``spec_flush`` backlog; the time and deferral rules count committed
+    items only. A speculative step that is pruned before its turn is then never verified."""
 
     token_threshold: int = 2048
     max_deferrals: int = 6
     max_wait_s: float = 0.05
     spec_flush: int = 64
-    defer_speculative: bool = True
+    defer_speculative: bool = False
+    idle_flush: bool = True
 
     def __post_init__(self) -> None:
         for name in ("token_threshold", "max_deferrals", "spec_flush"):
@@ -42,10 +49,11 @@ class LazyVerification:
                 raise ConfigError(f"lv.{name}", f"must be >= 1, got {getattr(self, name)}")
         if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
             raise ConfigError("lv.max_wait_s", f"must be > 0, got {self.max_wait_s}")
-        if not isinstance(self.defer_speculative, bool):
-            raise ConfigError(
-                "lv.defer_speculative", f"must be True or False, got {self.defer_speculative!r}"
-            )
+        for name in ("defer_speculative", "idle_flush"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"lv.{name}", f"must be True or False, got {getattr(self, name)!r}"
+                )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +72,9 @@ class Speculation:
       full-score shortcut (opt-in: can change which tied node is kept).
     - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
     - ``lv``: lazy verification settings, or None to score each completion at once.
+    - ``max_spec_depth`` (T1's k): how many levels below the committed frontier speculation
+      may chain (through speculative nodes and nodes whose reward is pending, on provisional
+      rewards); under T2 it adapts to the query's hit rate.
     - ``adaptive``: lazy verification only while committed load fills the engine (off by
       default: on the CPU engine, where the PRM shares the cores, batched verification won
       even at low load). ``full`` adapts through T2: speculation only within the budget
@@ -86,6 +97,7 @@ class Speculation:
     adaptive: bool = False
     round_rewards: bool = True  # baseline: one reward batch per round (search-and-learn)
     max_speculative_per_query: int = 64
+    max_spec_depth: int = 3
 
     def __post_init__(self) -> None:
         if self.speculate not in ("off", "all", "ranked"):
@@ -102,6 +114,8 @@ class Speculation:
             raise ConfigError("et_alpha", f"must be >= 0, got {self.et_alpha}")
         if self.max_speculative_per_query < 1:
             raise ConfigError("max_speculative_per_query", "must be >= 1")
+        if self.max_spec_depth < 1:
+            raise ConfigError("max_spec_depth", f"must be >= 1, got {self.max_spec_depth}")
         if self.round_rewards and self.speculate != "off":
             raise ConfigError("round_rewards", "speculative modes score as results arrive")
 

@@ -352,14 +352,10 @@ class OneRuleRouter(RewardRouter):
         if query_id not in self._queries:
             self.open_query(query_id, self.rule, self.recorder, None)
 
-    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+    def expect(self, query_id: str, node_id: str) -> None:
         self._ensure(query_id)
-        super().segment_started(query_id, speculative=speculative)
+        super().expect(query_id, node_id)
 
-    def adopt(self, query_id: str, node_id: str) -> None:
+    def prepare(self, query_id: str, *args: Any, **kwargs: Any) -> Any:
         self._ensure(query_id)
-        super().adopt(query_id, node_id)
-
-    async def score(self, query_id: str, *args: Any, **kwargs: Any) -> tuple[float, ...]:
-        self._ensure(query_id)
-        return await super().score(query_id, *args, **kwargs)
+        return super().prepare(query_id, *args, **kwargs)

@@ -35,14 +35,18 @@ from spec_tot.policies._common import (
     check_positive,
     check_range,
     check_vote,
-    expandable,
+    feed_known,
     rank,
     vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["MCTS", "RStarMCTS", "RestMCTS"]
+
+# Candidates one prediction offers at most: further picks of the simulation are ever less
+# likely, and each costs a selection from the root (the prediction runs every loop tick).
+_MAX_CANDIDATES = 6
 
 
 class MCTS(SearchPolicy):
@@ -55,6 +59,7 @@ class MCTS(SearchPolicy):
     """
 
     name = "mcts"
+    _explore_scale = 1.0  # UCT's exploration term: c * sqrt(scale * ln N / n)
 
     def __init__(
         self,
@@ -80,46 +85,94 @@ class MCTS(SearchPolicy):
         self._started = False
         self._finished = False
         self.iterations_run = 0
+        # A shadow (prediction) keeps its statistics here, over the nodes' own, and sees the
+        # known nodes it was fed as scored.
+        self._overlay: dict[str, list[float]] | None = None
+        self._fed: set[str] = set()
 
     # -- statistics -----------------------------------------------------------------------
+    def visits(self, node: Node) -> int:
+        if self._overlay is not None and node.id in self._overlay:
+            return int(self._overlay[node.id][0])
+        return node.visits
+
+    def value_sum(self, node: Node) -> float:
+        if self._overlay is not None and node.id in self._overlay:
+            return self._overlay[node.id][1]
+        return node.value_sum
+
+    def add_stats(self, node: Node, visits: int, value: float) -> None:
+        if self._overlay is None:
+            node.visits += visits
+            node.value_sum += value
+            return
+        entry = self._overlay.setdefault(node.id, [node.visits, node.value_sum])
+        entry[0] += visits
+        entry[1] += value
+
+    def set_value_sum(self, node: Node, value_sum: float) -> None:
+        if self._overlay is None:
+            node.value_sum = value_sum
+        else:
+            self._overlay.setdefault(node.id, [node.visits, node.value_sum])[1] = value_sum
+
     def q(self, node: Node) -> float:
-        return node.value if node.visits else self.score(node)
+        visits = self.visits(node)
+        return self.value_sum(node) / visits if visits else self.score(node)
 
     def explore(self, parent: Node, child: Node) -> float:
-        return self.c * math.sqrt(math.log(max(parent.visits, 1)) / child.visits)
+        log_n = self._explore_scale * math.log(max(self.visits(parent), 1))
+        return self.c * math.sqrt(log_n / self.visits(child))
 
     def uct(self, parent: Node, child: Node) -> float:
-        if child.visits == 0:
+        if self.visits(child) == 0:
             return math.inf
         return self.q(child) + self.explore(parent, child)
 
+    def seen(self, node: Node) -> bool:
+        """Scored; in a shadow also a known node it was fed (its reward may be predicted)."""
+        if node.status is NodeStatus.SCORED:
+            return True
+        return self._predictive and node.id in self._fed and node.known
+
     def best_child(self, parent: Node, kids: Sequence[Node]) -> Node:
-        """The highest UCT; ties: the higher ``q``, then the smaller id path."""
-        return min(kids, key=lambda ch: (-self.uct(parent, ch), -self.q(ch), ch.key))
+        """The highest UCT; ties: the higher ``q``, then the smaller id path. (``uct`` and
+        ``q`` inlined: this runs for every step of every simulated selection.)"""
+        log_n = self._explore_scale * math.log(max(self.visits(parent), 1))
+        best: tuple[float, float, tuple[int, ...]] | None = None
+        chosen = kids[0]
+        for child in kids:
+            visits = self.visits(child)
+            if visits:
+                q = self.value_sum(child) / visits
+                u = q + self.c * math.sqrt(log_n / visits)
+            else:
+                q, u = self.score(child), math.inf
+            rank = (-u, -q, child.key)
+            if best is None or rank < best:
+                best, chosen = rank, child
+        return chosen
 
     def select(self, root: Node) -> list[Node]:
         path = [root]
         node = root
         while True:
-            kids = [c for c in node.children if c.status is NodeStatus.SCORED]
+            kids = [c for c in node.children if self.seen(c)]
             if not kids:
                 return path
             node = self.best_child(node, kids)
             path.append(node)
 
-    @staticmethod
-    def backup(path: Sequence[Node], reward: float, visits: int = 1) -> None:
+    def backup(self, path: Sequence[Node], reward: float, visits: int = 1) -> None:
         for node in path:
-            node.visits += visits
-            node.value_sum += reward
+            self.add_stats(node, visits, reward)
 
     # -- variant hooks --------------------------------------------------------------------
     def _expanded(self, tree: SearchTree, kids: list[Node]) -> Expansion | None:
         """All children of ``self._path[-1]`` are resolved; ``kids`` are the scored ones.
         Returns a rollout continuation, or ``None`` when the iteration is over."""
         for kid in kids:
-            kid.visits += 1
-            kid.value_sum += self.score(kid)
+            self.add_stats(kid, 1, self.score(kid))
         if kids:
             self.backup(self._path, sum(self.score(k) for k in kids), visits=len(kids))
         else:
@@ -146,7 +199,7 @@ class MCTS(SearchPolicy):
         if not self._outstanding.pop_complete():
             return []  # wait for every child of the expansion
         parent = self._path[-1]
-        kids = [c for c in parent.children if c.status is NodeStatus.SCORED]
+        kids = [c for c in parent.children if self.seen(c)]
         nxt = self._expanded(tree, kids)
         if nxt is not None:
             return self._commit(nxt)
@@ -162,7 +215,7 @@ class MCTS(SearchPolicy):
             path = self.select(tree.root)
             self.iterations_run += 1
             leaf = path[-1]
-            if expandable(leaf, self.max_depth):
+            if self.expandable(leaf):
                 self._path = path
                 return self._commit(Expansion(leaf.id, self.width))
             if leaf is tree.root:
@@ -173,29 +226,52 @@ class MCTS(SearchPolicy):
         return []
 
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        """SPEX T1 for DFS: a shadow of this policy runs forward on the known nodes (fed as
+        scored, pending rewards predicted), through the in-flight expansion and any chain of
+        speculative expansions whose children are all known, until it needs an expansion
+        whose children are not: that leaf is a candidate if it can start. Then the shadow's
+        path takes a virtual loss (a visit worth 0) and a fresh selection goes on, up to
+        ``budget`` children. Statistics live in the shadow's overlay: no tree copy."""
         if budget <= 0 or self._finished or not self._started:
             return []
-        snap = tree.snapshot()
-        for node in self._path:  # the in-flight iteration, as a pessimistic visit
-            snap[node.id].visits += 1
+        shadow = self.shadow()
         out: list[Candidate] = []
         left = budget
-        for _ in range(4 * budget + 4):  # bounded: skipped picks still take a virtual loss
-            path = self.select(snap.root)
-            leaf = path[-1]
-            if expandable(leaf, self.max_depth) and all(c.parent_id != leaf.id for c in out):
-                parent = path[-2] if len(path) > 1 else leaf
-                util = self.q(leaf) + self.c * math.sqrt(
-                    math.log(parent.visits + 1) / (leaf.visits + 1)
-                )
-                out.append(Candidate(leaf.id, min(self.width, left), util))
-                left -= out[-1].width
-                if left <= 0:
+        wanted = min(_MAX_CANDIDATES, -(-budget // self.width))
+        for _ in range(3 * wanted + 3):  # bounded: blocked picks still take a virtual loss
+            if shadow._finished:
+                break
+            step = feed_known(
+                shadow._outstanding, shadow._fed, tree, shadow.on_reward, partial=True
+            )
+            if step is None:
+                break
+            node, width, guessed = step
+            room = min(startable_width(node, width), left)
+            if room > 0 and all(c.parent_id != node.id for c in out):
+                utility = (0.5 if guessed else 1.0) / (1 + len(out))
+                out.append(Candidate(node.id, room, utility))
+                left -= room
+                if left <= 0 or len(out) >= wanted:
                     break
-            elif len(path) == 1:
-                break  # the root itself is blocked: no selection can go anywhere
-            self.backup(path, 0.0)
+            shadow._virtual_loss()
+            shadow._run(tree)
         return out
+
+    def _copy_state(self) -> None:
+        self._outstanding = Outstanding(
+            dict(self._outstanding.pending),
+            {k: set(v) for k, v in self._outstanding.received.items()},
+        )
+        self._path = list(self._path)
+        self._overlay = {}
+        self._fed = set()
+
+    def _virtual_loss(self) -> None:
+        """(A shadow.) Abandon the iteration in flight: its path takes a visit worth 0."""
+        self.backup(self._path, 0.0)
+        self._outstanding = Outstanding()
+        self._path = []
 
     def done(self, tree: SearchTree) -> bool:
         return self._finished
@@ -236,7 +312,7 @@ class RStarMCTS(MCTS):
         if nxt.terminal:
             self.backup(self._path, self.score(nxt))
             return None
-        if expandable(nxt, self.max_depth):
+        if self.expandable(nxt):
             return Expansion(nxt.id, self.width)  # the rollout goes on (same iteration)
         self.backup(self._path, 0.0)
         return None
@@ -258,6 +334,7 @@ class RestMCTS(MCTS):
     """
 
     name = "rest_mcts"
+    _explore_scale = 2.0  # UCT = V + c * sqrt(2 ln N / n)
 
     def __init__(
         self,
@@ -285,26 +362,24 @@ class RestMCTS(MCTS):
         self._leaf_len = 0  # length of the selected path while its rollout runs
         self.solution: Node | None = None
 
-    def explore(self, parent: Node, child: Node) -> float:
-        return self.c * math.sqrt(2 * math.log(max(parent.visits, 1)) / child.visits)
-
     def _set_v(self, node: Node, v: float) -> None:
-        node.value_sum = v * node.visits
+        self.set_value_sum(node, v * self.visits(node))
 
     def _backprop(self, path: list[Node]) -> None:
         for node in reversed(path):
             v = self.q(node)
-            node.visits += 1
-            seen = [c for c in node.children if c.status is NodeStatus.SCORED and c.visits]
-            total = sum(c.visits for c in seen)
-            self._set_v(node, sum(self.q(c) * c.visits for c in seen) / total if total else v)
+            self.add_stats(node, 1, 0.0)
+            seen = [c for c in node.children if self.seen(c) and self.visits(c)]
+            total = sum(self.visits(c) for c in seen)
+            weighted = sum(self.q(c) * self.visits(c) for c in seen)
+            self._set_v(node, weighted / total if total else v)
 
     def _finish_rollout(self) -> None:
         roll = self._roll
         assert roll is not None  # only called while a rollout is open
         v = self.q(roll)
         r = self._best if self._best > -math.inf else v
-        roll.visits += 1
+        self.add_stats(roll, 1, 0.0)
         self._set_v(roll, (1 - self.alpha) * v + self.alpha * r)
         self._roll = None
         self._path = self._path[: self._leaf_len]
@@ -326,7 +401,7 @@ class RestMCTS(MCTS):
                 return None
             cur = rank(kids, self.score)[0]
             self._best = max(self._best, self.score(cur))
-        if cur.terminal or self._steps >= self.rollout_depth or not expandable(cur, self.max_depth):
+        if cur.terminal or self._steps >= self.rollout_depth or not self.expandable(cur):
             self._finish_rollout()
             return None
         self._path.append(cur)  # so that on_reward finds the rollout step's parent
