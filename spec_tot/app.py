@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +12,8 @@ from spec_tot.backends import GenerationBackend, RewardBackend, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
-from spec_tot.executor.batch import Program, QueryInput, run_queries
-from spec_tot.executor.seeds import seed_key
+from spec_tot.executor.batch import Program, run_queries
+from spec_tot.executor.hub import QueryInput, hub_for
 from spec_tot.nodes import State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
@@ -73,8 +72,6 @@ class ToTApp(Runnable[Any, ToTResult]):
         self.answer_fn = answer
         self.check = check
         self.input_to_state = input_to_state
-        self._ids = itertools.count()
-        self._active: set[str] = set()  # query ids running now, across concurrent batches
 
     @classmethod
     def build(
@@ -168,9 +165,8 @@ class ToTApp(Runnable[Any, ToTResult]):
         on_result: Callable[[ToTResult], None] | None,
         on_event: EventSink | None,
     ) -> BatchResult:
-        # Reserved before any waits for a concurrency slot: a concurrent batch cannot reuse
-        # an id that is still queued here.
-        self._active.update(q.query_id for q in queries)
+        """Run reserved queries; their ids are released as each ends."""
+        hub = hub_for(self.backend)
         program = Program(
             self.graph,
             self.policy_factory,
@@ -187,10 +183,10 @@ class ToTApp(Runnable[Any, ToTResult]):
                 max_concurrency=max_concurrency or self.config.max_concurrency,
                 on_result=on_result,
                 on_event=on_event,
-                release=self._active.discard,
+                release=lambda qid: hub.release([qid]),
             )
         finally:
-            self._active.difference_update(q.query_id for q in queries)
+            hub.release(q.query_id for q in queries)
 
     def run_batch(
         self,
@@ -209,30 +205,10 @@ class ToTApp(Runnable[Any, ToTResult]):
         return result
 
     def _prepare(self, states: list[State]) -> list[QueryInput]:
-        """Explicit ids are checked (unique, no '/', not already running); the others get
-        ``q<n>`` ids that collide with none of them. All before any query starts. Seeds
-        derive from the explicit id, else from the input (never from the ``q<n>`` id)."""
-        explicit = [s["query_id"] for s in states if s.get("query_id") is not None]
-        for qid in explicit:
-            if not isinstance(qid, str) or not qid or "/" in qid:
-                raise ConfigError("query_id", f"must be a non-empty string without '/': {qid!r}")
-            if qid in self._active:
-                raise ConfigError("query_id", f"{qid!r} is already running")
-        if len(set(explicit)) != len(explicit):
-            raise ConfigError("query_id", "query ids in one batch must be unique")
-        taken = set(explicit) | self._active
-        out = []
-        for state in states:
-            qid = state.get("query_id")
-            key = seed_key(state, qid)
-            if qid is None:
-                qid = f"q{next(self._ids)}"
-                while qid in taken:
-                    qid = f"q{next(self._ids)}"
-                taken.add(qid)
-                state = {**state, "query_id": qid}
-            out.append(QueryInput(state, key))
-        return out
+        """Reserve the queries' ids on the backend (explicit ones checked, the others
+        ``q<n>``) before any query starts: a concurrent batch, app or call on the same
+        backend cannot reuse one while it is queued or running."""
+        return hub_for(self.backend).reserve(states)
 
     # -- Runnable -----------------------------------------------------------------------------
     # RunnableConfig is honoured: callbacks/tags/metadata/run_name/run_id (one chain run per
@@ -283,16 +259,30 @@ class ToTApp(Runnable[Any, ToTResult]):
     ) -> list[ToTResult]:
         """One ``arun_batch`` over ``inputs`` (shared batching), one chain run per input.
         The first config's executor settings apply to the whole batch."""
+        from spec_tot._private.runnable import configured_app
+
+        app = configured_app(self, configs[0] if configs else None)
+        # ids known up front: events are routed to their query's run
+        queries = self._prepare([app.input_to_state(value) for value in inputs])
+        try:
+            return await self._run_with_callbacks(app, inputs, configs, queries)
+        finally:
+            hub_for(self.backend).release(q.query_id for q in queries)
+
+    async def _run_with_callbacks(
+        self,
+        app: ToTApp,
+        inputs: Sequence[Any],
+        configs: Sequence[RunnableConfig | None],
+        queries: list[QueryInput],
+    ) -> list[ToTResult]:
         from langchain_core.runnables.config import (
             ensure_config,
             get_async_callback_manager_for_config,
         )
 
-        from spec_tot._private.runnable import EventPump, configured_app
+        from spec_tot._private.runnable import EventPump
 
-        app = configured_app(self, configs[0] if configs else None)
-        # ids known up front: events are routed to their query's run
-        queries = self._prepare([app.input_to_state(value) for value in inputs])
         pump, runs = EventPump(), []
         for value, query, raw in zip(inputs, queries, configs, strict=True):
             cfg = ensure_config(raw)

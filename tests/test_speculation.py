@@ -322,19 +322,19 @@ def test_budget_grant_never_exceeds_room_or_request() -> None:
 def test_budget_grants_stay_within_room_under_any_sequence(
     capacity: int, ops: list[tuple[str, str, int, float]], tau: float
 ) -> None:
-    budget = SpeculationBudget(capacity=capacity, tau=tau)
+    budget = SpeculationBudget(capacity=capacity)
     for op, q, n, utility in ops:
         if op == "grant":
             room = budget.room()
-            granted = budget.grant(q, n, utility)
+            granted = budget.grant(q, n, utility, tau)
             assert 0 <= granted <= min(n, max(room, 0))
             budget.started(q, granted) if granted else None
         elif op == "finish" and budget.speculative.get(q, 0):
             budget.finished(q)
         elif op == "commit":
-            budget.committed += 1
-        elif op == "uncommit" and budget.committed:
-            budget.committed -= 1
+            budget.committed_started()
+        elif op == "uncommit":
+            budget.committed_finished()
         elif op == "hit" and budget.hits.get(q, 0) < budget.launched.get(q, 0):
             budget.hit(q)
         elif op == "forget":
@@ -345,34 +345,37 @@ def test_budget_grants_stay_within_room_under_any_sequence(
 
 def test_committed_load_shrinks_room_to_zero() -> None:
     budget = SpeculationBudget(capacity=8)
-    budget.committed = 6
+    for _ in range(6):
+        budget.committed_started()
     assert budget.room() == 2
     assert budget.grant("a", 10, 1.0) == 2  # alone, a query may use all the room
-    budget.committed = 8
+    for _ in range(2):
+        budget.committed_started()
     assert budget.room() == 0
     assert budget.grant("a", 10, 1.0) == 0
-    budget.committed = 12  # committed past saturation: still nothing, never negative
+    for _ in range(4):  # committed past saturation: still nothing, never negative
+        budget.committed_started()
     assert budget.grant("a", 10, 1.0) == 0
     assert budget.grant("b", 10, 5.0) == 0
 
 
 def test_softmax_sharing_favours_higher_utility() -> None:
-    budget = SpeculationBudget(capacity=10, tau=0.1)
-    budget.grant("hi", 0, 1.0)  # register both queries' demand
-    budget.grant("lo", 0, 0.1)
-    hi, lo = budget.grant("hi", 10, 1.0), budget.grant("lo", 10, 0.1)
+    budget = SpeculationBudget(capacity=10)
+    budget.grant("hi", 0, 1.0, 0.1)  # register both queries' demand
+    budget.grant("lo", 0, 0.1, 0.1)
+    hi, lo = budget.grant("hi", 10, 1.0, 0.1), budget.grant("lo", 10, 0.1, 0.1)
     assert hi > lo
     assert hi + lo <= 10
     # a large tau shares nearly evenly
-    flat = SpeculationBudget(capacity=10, tau=100.0)
-    flat.grant("hi", 0, 1.0)
-    flat.grant("lo", 0, 0.1)
-    hi, lo = flat.grant("hi", 10, 1.0), flat.grant("lo", 10, 0.1)
+    flat = SpeculationBudget(capacity=10)
+    flat.grant("hi", 0, 1.0, 100.0)
+    flat.grant("lo", 0, 0.1, 100.0)
+    hi, lo = flat.grant("hi", 10, 1.0, 100.0), flat.grant("lo", 10, 0.1, 100.0)
     assert hi >= lo >= hi - 1 and hi + lo <= 10
 
 
 def test_hit_rate_prior_and_learning() -> None:
-    budget = SpeculationBudget(capacity=20, tau=0.05)
+    budget = SpeculationBudget(capacity=20)
     assert budget.hit_rate("new") == 0.5  # Beta(1, 1) prior
     budget.started("good", 4)
     for _ in range(4):
@@ -384,15 +387,15 @@ def test_hit_rate_prior_and_learning() -> None:
     assert budget.hit_rate("good") == pytest.approx(5 / 6)
     assert budget.hit_rate("bad") == pytest.approx(1 / 6)
     # at equal candidate utility the query whose guesses were adopted gets more room
-    budget.grant("good", 0, 1.0)
-    budget.grant("bad", 0, 1.0)
-    assert budget.grant("good", 20, 1.0) > budget.grant("bad", 20, 1.0)
+    budget.grant("good", 0, 1.0, 0.05)
+    budget.grant("bad", 0, 1.0, 0.05)
+    assert budget.grant("good", 20, 1.0, 0.05) > budget.grant("bad", 20, 1.0, 0.05)
     budget.forget("good")
     assert budget.hit_rate("good") == 0.5
 
 
 def test_most_useful_query_gets_a_slot_while_the_engine_has_room() -> None:
-    budget = SpeculationBudget(capacity=3, tau=1.0)
+    budget = SpeculationBudget(capacity=3)
     for q in "abcd":
         budget.grant(q, 0, 1.0)
     assert budget.grant("a", 1, 1.0) == 1  # share 3/4 floors to 0, but it is the top query

@@ -136,17 +136,14 @@ class BranchRunner:
         return self._committed.setdefault(node.id, asyncio.Event())
 
     def hold_slot(self, node: Node) -> None:
-        budget = self.ctx.budget
-        if budget is not None and node not in self._slots:
+        if node not in self._slots:
             self._slots.add(node)
-            budget.started(self.ctx.query_id)
+            self.ctx.budget.started(self.ctx.query_id)
 
     def release_slot(self, node: Node, *, notify: bool = True) -> None:
-        budget = self.ctx.budget
         if node in self._slots:
             self._slots.discard(node)
-            if budget is not None:
-                budget.finished(self.ctx.query_id)
+            self.ctx.budget.finished(self.ctx.query_id)
             if notify:
                 self._changed()
 

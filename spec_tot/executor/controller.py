@@ -139,8 +139,7 @@ class QueryController:
         ctx.emit("speculative_hit", child)
         child.speculative = False
         ctx.recorder.speculative_hits += 1
-        if ctx.budget is not None:
-            ctx.budget.hit(ctx.query_id)
+        ctx.budget.hit(ctx.query_id)
         self._round.append(child)
         self._outstanding += 1
         branches.adopted(child)
@@ -174,7 +173,7 @@ class QueryController:
         if spec.speculate == "off" or ctx.closed:
             return
         room = spec.max_speculative_per_query - self.branches.speculative_generating()
-        if ctx.budget is not None:
+        if spec.budget:
             # Predict no more than the global budget could grant: prediction runs the
             # policy forward, and its cost grows with what it is asked for.
             room = min(room, ctx.budget.room())
@@ -195,10 +194,10 @@ class QueryController:
                 candidates.append((parent, width, c.utility))
         if not candidates:
             return
-        if ctx.budget is not None:
+        if spec.budget:
             wanted = sum(w for _, w, _ in candidates)
             best = max(u for _, _, u in candidates)
-            room = ctx.budget.grant(ctx.query_id, wanted, best)
+            room = ctx.budget.grant(ctx.query_id, wanted, best, spec.tau)
         for parent, width, _ in candidates:
             for _ in range(min(width, room)):
                 if len(self.tree) >= ctx.config.max_nodes:
@@ -213,10 +212,9 @@ class QueryController:
         adaptive from the query's hit rate under T2 (a query whose guesses miss stays
         shallow), ``max_spec_depth`` at most."""
         cap = self.spec.max_spec_depth
-        budget = self.ctx.budget
-        if budget is None or cap <= 1:
+        if not self.spec.budget or cap <= 1:
             return cap
-        rate = budget.hit_rate(self.ctx.query_id)
+        rate = self.ctx.budget.hit_rate(self.ctx.query_id)
         return cap if rate >= 0.5 else max(1, round(2 * rate * cap))
 
     def _every_known_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
@@ -294,8 +292,7 @@ class QueryController:
             if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
                 node.status = NodeStatus.CANCELLED
         ctx.rewards.forget(ctx.query_id)
-        if ctx.budget is not None:
-            ctx.budget.forget(ctx.query_id)
+        ctx.budget.forget(ctx.query_id)
 
 
 async def _no_wait(_tool: GraphNode) -> None:

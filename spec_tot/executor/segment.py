@@ -140,16 +140,16 @@ class Segment:
         if speculative:
             runner.hold_slot(node)
         ctx.recorder.request_started(speculative=speculative)
-        if ctx.budget is not None and not speculative:
-            ctx.budget.committed += 1
+        if not speculative:
+            ctx.budget.committed_started()
         runner.generating.add(node.id)
         try:
             result = await ctx.backend.generate(request)
         finally:
             runner.generating.discard(node.id)
             ctx.recorder.request_finished(speculative=speculative)
-            if ctx.budget is not None and not speculative:
-                ctx.budget.committed -= 1
+            if not speculative:
+                ctx.budget.committed_finished()
             runner.release_slot(node)
         completion = result.completions[0]
         node.num_tokens += completion.num_tokens
