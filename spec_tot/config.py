@@ -18,6 +18,29 @@ __all__ = ["MODES", "ExecutorConfig", "LazyVerification", "Speculation"]
 Speculate = Literal["off", "all", "ranked"]
 
 
+def _integer(name: str, value: Any, minimum: int) -> None:
+    # bool is an int subclass: ``max_nodes=True`` must not mean 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(name, f"must be >= {minimum}, got {value}")
+
+
+def _number(name: str, value: Any, *, low: float | None = None, strict: bool = False) -> None:
+    """A finite real number, ``> low`` (``strict``) or ``>= low``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(name, f"must be finite, got {value!r}")
+    if low is not None and (value <= low if strict else value < low):
+        raise ConfigError(name, f"must be {'>' if strict else '>='} {low}, got {value}")
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be True or False, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class LazyVerification:
     """SpecScale LV, a batching rule that never delays the critical path: a committed item
@@ -45,15 +68,10 @@ class LazyVerification:
 
     def __post_init__(self) -> None:
         for name in ("token_threshold", "max_deferrals", "spec_flush"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"lv.{name}", f"must be >= 1, got {getattr(self, name)}")
-        if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
-            raise ConfigError("lv.max_wait_s", f"must be > 0, got {self.max_wait_s}")
+            _integer(f"lv.{name}", getattr(self, name), 1)
+        _number("lv.max_wait_s", self.max_wait_s, low=0, strict=True)
         for name in ("defer_speculative", "idle_flush"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"lv.{name}", f"must be True or False, got {getattr(self, name)!r}"
-                )
+            _flag(f"lv.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,23 +120,29 @@ class Speculation:
     def __post_init__(self) -> None:
         if self.speculate not in ("off", "all", "ranked"):
             raise ConfigError("speculate", f"must be off, all or ranked, got {self.speculate!r}")
-        for name in ("tau", "et_alpha", "full_score"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(name, f"must be a finite number, got {value!r}")
-        if not self.tau > 0:
-            raise ConfigError("tau", f"must be > 0, got {self.tau}")
-        if self.et_min_answers < 1:
-            raise ConfigError("et_min_answers", f"must be >= 1, got {self.et_min_answers}")
-        if self.et_alpha < 0:
-            raise ConfigError("et_alpha", f"must be >= 0, got {self.et_alpha}")
-        if self.max_speculative_per_query < 1:
-            raise ConfigError("max_speculative_per_query", "must be >= 1")
-        if self.max_spec_depth < 1:
-            raise ConfigError("max_spec_depth", f"must be >= 1, got {self.max_spec_depth}")
+        for name in _FLAGS:
+            _flag(name, getattr(self, name))
+        _number("tau", self.tau, low=0, strict=True)
+        _number("et_alpha", self.et_alpha, low=0)
+        _number("full_score", self.full_score)
+        _integer("et_min_answers", self.et_min_answers, 1)
+        _integer("max_speculative_per_query", self.max_speculative_per_query, 1)
+        _integer("max_spec_depth", self.max_spec_depth, 1)
+        if self.lv is not None and not isinstance(self.lv, LazyVerification):
+            raise ConfigError("lv", f"expected a LazyVerification or None, got {self.lv!r}")
         if self.round_rewards and self.speculate != "off":
             raise ConfigError("round_rewards", "speculative modes score as results arrive")
 
+
+_FLAGS = (
+    "budget",
+    "early_termination",
+    "ep",
+    "ep_full_score",
+    "dedup",
+    "adaptive",
+    "round_rewards",
+)
 
 MODES: dict[str, Speculation] = {
     "baseline": Speculation(),
@@ -164,18 +188,18 @@ class ExecutorConfig:
     speculation: Speculation = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise UnknownNameError("executor mode", self.mode, list(MODES))
-        if self.max_concurrency < 1:
-            raise ConfigError("max_concurrency", f"must be >= 1, got {self.max_concurrency}")
-        if self.query_timeout_s is not None and not (
-            math.isfinite(self.query_timeout_s) and self.query_timeout_s > 0
-        ):
-            raise ConfigError("query_timeout_s", f"must be > 0, got {self.query_timeout_s}")
-        if not self.goodput_deadline_s > 0:
-            raise ConfigError("goodput_deadline_s", f"must be > 0, got {self.goodput_deadline_s}")
-        if self.max_nodes < 2:
-            raise ConfigError("max_nodes", f"must be >= 2, got {self.max_nodes}")
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise UnknownNameError("executor mode", str(self.mode), list(MODES))
+        _integer("seed", self.seed, -(2**63))
+        _integer("max_concurrency", self.max_concurrency, 1)
+        if self.query_timeout_s is not None:
+            _number("query_timeout_s", self.query_timeout_s, low=0, strict=True)
+        _number("goodput_deadline_s", self.goodput_deadline_s, low=0, strict=True)
+        _integer("max_nodes", self.max_nodes, 2)
+        if not isinstance(self.speculation_overrides, Mapping):
+            raise ConfigError(
+                "speculation_overrides", f"must be a dict, got {self.speculation_overrides!r}"
+            )
         known = {f.name for f in fields(Speculation)}
         for key in self.speculation_overrides:
             if key not in known:
@@ -183,10 +207,11 @@ class ExecutorConfig:
         overrides = dict(self.speculation_overrides)
         lv = overrides.get("lv")
         if isinstance(lv, Mapping):
-            try:
-                overrides["lv"] = LazyVerification(**lv)
-            except TypeError as exc:
-                raise ConfigError("speculation.lv", str(exc)) from exc
+            allowed = {f.name for f in fields(LazyVerification)}
+            for key in lv:
+                if key not in allowed:
+                    raise ConfigError(f"lv.{key}", f"unknown setting; known: {sorted(allowed)}")
+            overrides["lv"] = LazyVerification(**lv)
         elif lv is not None and not isinstance(lv, LazyVerification):
             raise ConfigError(
                 "speculation.lv", f"expected a dict, LazyVerification or None: {lv!r}"
@@ -195,6 +220,6 @@ class ExecutorConfig:
             overrides.setdefault("round_rewards", False)
         try:
             speculation = replace(MODES[self.mode], **overrides)
-        except TypeError as exc:  # a value of the wrong type in a switch
-            raise ConfigError("speculation_overrides", str(exc)) from exc
+        except ConfigError as exc:  # name where the value came from
+            raise ConfigError(f"speculation.{exc.field}", str(exc).split(": ", 1)[1]) from exc
         object.__setattr__(self, "speculation", speculation)

@@ -119,7 +119,9 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
 
     def score(query: str, node_id: str) -> asyncio.Task[tuple[float, ...]]:
         item, scorer = router.prepare(query, node_id, node, state)
-        return asyncio.create_task(router.score(query, item, scorer, speculative=False))
+        return asyncio.create_task(
+            router.score(query, item, scorer, speculative=False, node_name="r")
+        )
 
     a = [score("A", f"A/{i}") for i in range(2)]
     await asyncio.sleep(0.01)  # A's complete group is now being scored

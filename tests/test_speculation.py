@@ -474,7 +474,9 @@ def submit(
     state = {"question": "", "steps": ["wxyz" * words]}  # tokens: len(text) // 4 = words
     query = node_id.split("/")[0]
     item, scorer = router.prepare(query, node_id, node, state)
-    return asyncio.create_task(router.score(query, item, scorer, speculative=spec))
+    return asyncio.create_task(
+        router.score(query, item, scorer, speculative=spec, node_name=node.name)
+    )
 
 
 async def busy(router: RewardRouter) -> tuple[CountingScorer, asyncio.Task[tuple[float, ...]]]:

@@ -16,7 +16,8 @@ from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, QueryOutcome, record_for
 from spec_tot.executor.hub import BackendHub, hub_for
-from spec_tot.executor.rewards import RewardRouter, calibrated_lv, call_scorer
+from spec_tot.executor.rewards import RewardRouter, calibrated_lv
+from spec_tot.executor.scores import call_scorer, check_score
 from spec_tot.executor.seeds import query_seed, request_seed, seed_key
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SpeculationBudget",
     "calibrated_lv",
     "call_scorer",
+    "check_score",
     "hub_for",
     "query_seed",
     "record_for",

@@ -136,7 +136,7 @@ async def _run_one(
             budget=budget,
             on_event=on_event,
         )
-        router.open_query(query_id, rule, recorder, program.reward)
+        router.open_query(query_id, rule, recorder, program.reward, config.query_timeout_s)
         async with asyncio.timeout(config.query_timeout_s):
             outcome = await QueryController(ctx).run()
         answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated

@@ -42,6 +42,7 @@ class Pending:
     queued: bool = True  # still waiting in a queue (not yet in a batch being scored)
     deferrals: int = 0
     key: Hashable = ""  # the queue it waits in
+    node_name: str = ""  # the reward node (errors name it)
 
 
 @dataclass(slots=True)

@@ -8,40 +8,25 @@ Scores are normalised to a tuple of per-step floats.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spec_tot._private.compiled import maybe_await
 from spec_tot.backends import RewardBackend
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.batching import BatchRule, Pending, Queue
+from spec_tot.executor.scores import Scorer, call_scorer, check_score, score_range
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import GraphNode, State
 from spec_tot.requests import Capabilities, RewardItem
 
-__all__ = ["RewardRouter", "calibrated_lv", "call_scorer"]
+__all__ = ["RewardRouter", "calibrated_lv"]
 
-Scorer = RewardBackend | Any
-
-
-async def call_scorer(scorer: Scorer, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
-    """Call a RewardBackend or a plain (sync or async) callable; check and normalise."""
-    if isinstance(scorer, RewardBackend):
-        raw: Any = await scorer.score(items)
-    else:
-        raw = await maybe_await(scorer(list(items)))
-    scores = list(raw)
-    if len(scores) != len(items):
-        raise ExecutionError(f"scorer returned {len(scores)} scores for {len(items)} items")
-    out: list[tuple[float, ...]] = []
-    for value in scores:
-        steps = (float(value),) if isinstance(value, int | float) else tuple(map(float, value))
-        if not steps:
-            raise ExecutionError("scorer returned an empty score tuple")
-        out.append(steps)
-    return out
+# A call shared by several queries that runs longer than this many times a typical call (and
+# at least _MIN_HANG_S) is split per query: a hanging scorer holds only its own query.
+_HANG_FACTOR = 8.0
+_MIN_HANG_S = 0.05
 
 
 def calibrated_lv(lv: LazyVerification, given: Any, caps: Capabilities) -> LazyVerification:
@@ -69,6 +54,7 @@ class _Query:
     rule: BatchRule
     recorder: MetricsRecorder
     default: Scorer | None
+    timeout_s: float | None = None
     # Committed branches that will reach the router (or end) and are not scored yet, and
     # those of them whose item waits in a queue (not yet in a batch being scored).
     expected: set[str] = field(default_factory=set)
@@ -93,6 +79,8 @@ class RewardRouter:
         self._rules: dict[Hashable, BatchRule] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: dict[Hashable, int] = {}  # queue key -> its batches being scored
+        self._calls: dict[asyncio.Task[list[Any]], list[Pending]] = {}  # scorer calls running
+        self._latency: float | None = None  # moving average of a scorer call's latency
         self._unresolved: dict[str, Pending] = {}  # node id -> its item, until scored
 
     # -- queries ------------------------------------------------------------------------------
@@ -102,8 +90,9 @@ class RewardRouter:
         rule: BatchRule,
         recorder: MetricsRecorder,
         default_scorer: Scorer | None,
+        timeout_s: float | None = None,
     ) -> None:
-        self._queries[query_id] = _Query(rule, recorder, default_scorer)
+        self._queries[query_id] = _Query(rule, recorder, default_scorer, timeout_s)
 
     def group_complete(self, query_id: str) -> bool:
         query = self._queries.get(query_id)
@@ -141,6 +130,12 @@ class RewardRouter:
             queue.items = [p for p in queue.items if p.query_id != query_id]
             if not queue.items:
                 self._drop_queue(key)
+        for call, items in list(self._calls.items()):
+            for p in items:
+                if p.query_id == query_id:
+                    p.future.cancel()
+            if all(p.future.done() for p in items):
+                call.cancel()  # nobody waits for it (a hanging scorer of a timed-out query)
 
     # -- scoring ------------------------------------------------------------------------------
     def prepare(
@@ -156,9 +151,16 @@ class RewardRouter:
         return RewardItem(request_id=node_id, question=question, steps=tuple(steps)), scorer
 
     async def score(
-        self, query_id: str, item: RewardItem, scorer: Scorer, *, speculative: bool
+        self,
+        query_id: str,
+        item: RewardItem,
+        scorer: Scorer,
+        *,
+        speculative: bool,
+        node_name: str,
     ) -> tuple[float, ...]:
-        """Queue ``item`` (its ``request_id`` is the node id) and wait for its score."""
+        """Queue ``item`` (its ``request_id`` is the node id) and wait for its checked
+        per-step scores; a bad score raises ``ExecutionError`` naming ``node_name``."""
         query = self._queries[query_id]
         node_id = item.request_id
         loop = asyncio.get_running_loop()
@@ -173,6 +175,7 @@ class RewardRouter:
             loop.create_future(),
             loop.time(),
             key=key,
+            node_name=node_name,
         )
         self._rules[key] = query.rule
         self._queues.setdefault(key, Queue()).items.append(pending)
@@ -276,31 +279,72 @@ class RewardRouter:
         groups: dict[int, list[Pending]] = {}
         for entry in pending:
             groups.setdefault(id(entry.scorer), []).append(entry)
-        for group in groups.values():
-            await self._score_group(group)
+        if len(groups) == 1:
+            await self._score_group(pending)
+        else:  # one slow scorer must not hold another's items
+            await asyncio.gather(*(self._score_group(g) for g in groups.values()))
 
     async def _score_group(self, group: list[Pending]) -> None:
+        """Score ``group`` (one scorer) in one call. A call shared by several queries that
+        fails, or runs far longer than calls do (a hanging scorer), is split: each query
+        is scored alone, so only the query whose items are bad waits or fails."""
         live = [p for p in group if not p.future.done()]
         if not live:
             return
+        queries = sorted({p.query_id for p in live})
+        self._record(live)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        call = loop.create_task(call_scorer(live[0].scorer, [p.item for p in live]))
+        self._calls[call] = live
         try:
-            self._record(live)
-            scores = await call_scorer(live[0].scorer, [p.item for p in live])
-        except Exception as exc:
-            queries = {p.query_id for p in live}
             if len(queries) > 1:
-                # A batch shared by queries failed: score each query alone, so that only
-                # the query whose items fail sees the error.
-                for query_id in sorted(queries):
-                    await self._score_group([p for p in live if p.query_id == query_id])
-                return
+                done, _ = await asyncio.wait({call}, timeout=self._hang_after(queries))
+                if not done or call.exception() is not None:
+                    await self._split(live, queries)
+                    return
+            scores = await call
+        except asyncio.CancelledError:
+            if call.cancelled() and not _cancelling():
+                return  # every item's query ended (``forget``): nobody waits
+            raise
+        except Exception as exc:
             for p in live:
                 if not p.future.done():
-                    p.future.set_exception(exc)
+                    error = ExecutionError(
+                        f"reward node {p.node_name!r}: {type(exc).__name__}: {exc}"
+                    )
+                    p.future.set_exception(error)
             return
+        finally:
+            self._calls.pop(call, None)
+            if not call.done():
+                call.cancel()  # its items were scored apart (or their queries ended)
+        elapsed = loop.time() - started
+        self._latency = elapsed if self._latency is None else 0.8 * self._latency + 0.2 * elapsed
         for p, value in zip(live, scores, strict=True):
-            if not p.future.done():
-                p.future.set_result(value)
+            if p.future.done():
+                continue
+            try:
+                p.future.set_result(check_score(value, p.item, score_range(p.scorer)))
+            except ValueError as exc:
+                p.future.set_exception(ExecutionError(f"reward node {p.node_name!r}: {exc}"))
+
+    async def _split(self, live: list[Pending], queries: list[str]) -> None:
+        await asyncio.gather(
+            *(self._score_group([p for p in live if p.query_id == q]) for q in queries)
+        )
+
+    def _hang_after(self, queries: list[str]) -> float:
+        """How long a shared call may run before its items are scored per query: well past
+        what calls take, and well within the queries' own deadlines."""
+        limit = max(_MIN_HANG_S, _HANG_FACTOR * (self._latency or 0.0))
+        deadlines = [
+            q.timeout_s
+            for q in (self._queries.get(qid) for qid in queries)
+            if q is not None and q.timeout_s is not None
+        ]
+        return min(limit, min(deadlines) / 4) if deadlines else limit
 
     def _record(self, live: list[Pending]) -> None:
         """One reward call in the metrics of each run that has items in it."""
@@ -311,3 +355,8 @@ class RewardRouter:
                 by_recorder.setdefault(id(query.recorder), (query.recorder, []))[1].append(p)
         for recorder, items in by_recorder.values():
             recorder.reward_call(len(items), sum(p.tokens for p in items))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

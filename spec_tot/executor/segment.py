@@ -98,7 +98,11 @@ class Segment:
             await self._walk_ahead(position, state, item, version)
             self.runner.release_slot(node)  # waiting for a score uses no engine capacity
             scores = await ctx.rewards.score(
-                ctx.query_id, item, scorer, speculative=node.speculative
+                ctx.query_id,
+                item,
+                scorer,
+                speculative=node.speculative,
+                node_name=reward_node.name,
             )
             self.memo.scored = (item, scores)
             self._check(version)
