@@ -222,7 +222,7 @@ class ToTApp(Runnable[Any, ToTResult]):
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> ToTResult:
-        result = (await self._arun_configured([input], [config]))[0]
+        result = (await self._configured([input], [config]))[0]
         if result.status == "timeout":
             raise QueryTimeoutError("; ".join(result.errors))
         return result
@@ -238,7 +238,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         configs = list(config) if isinstance(config, list) else [config] * len(inputs)
         if len(configs) != len(inputs):
             raise ConfigError("config", f"{len(configs)} configs for {len(inputs)} inputs")
-        return await self._arun_configured(inputs, configs)
+        return await self._configured(inputs, configs)
 
     def batch(
         self,
@@ -254,60 +254,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         return results
 
-    async def _arun_configured(
+    async def _configured(
         self, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
     ) -> list[ToTResult]:
-        """One ``arun_batch`` over ``inputs`` (shared batching), one chain run per input.
-        The first config's executor settings apply to the whole batch."""
-        from spec_tot._private.runnable import configured_app
+        from spec_tot._private.runnable import arun_configured
 
-        app = configured_app(self, configs[0] if configs else None)
-        # ids known up front: events are routed to their query's run
-        queries = self._prepare([app.input_to_state(value) for value in inputs])
-        try:
-            return await self._run_with_callbacks(app, inputs, configs, queries)
-        finally:
-            hub_for(self.backend).release(q.query_id for q in queries)
-
-    async def _run_with_callbacks(
-        self,
-        app: ToTApp,
-        inputs: Sequence[Any],
-        configs: Sequence[RunnableConfig | None],
-        queries: list[QueryInput],
-    ) -> list[ToTResult]:
-        from langchain_core.runnables.config import (
-            ensure_config,
-            get_async_callback_manager_for_config,
-        )
-
-        from spec_tot._private.runnable import EventPump
-
-        pump, runs = EventPump(), []
-        for value, query, raw in zip(inputs, queries, configs, strict=True):
-            cfg = ensure_config(raw)
-            manager = get_async_callback_manager_for_config(cfg)
-            run = await manager.on_chain_start(
-                None,
-                value,
-                name=cfg.get("run_name") or self.get_name(),
-                run_id=cfg.pop("run_id", None),
-            )
-            pump.bind(query.query_id, run, cfg)
-            runs.append(run)
-        limit = next((c.get("max_concurrency") for c in configs if c), None)
-        pump.start()
-        try:
-            batch = await app._run(queries, limit, None, pump)
-        except BaseException as exc:
-            await pump.stop()
-            for run in runs:
-                await run.on_chain_error(exc)
-            raise
-        await pump.stop()
-        for run, result in zip(runs, batch.results, strict=True):
-            await run.on_chain_end(result)
-        return batch.results
+        return await arun_configured(self, inputs, configs)
 
     async def aclose(self) -> None:
         if self._backend is not None:

@@ -313,7 +313,8 @@ def test_hanging_requests_time_out_alone_and_leave_nothing_in_flight(
         reference, _, _ = await run_mode(s, "beam", mode, queries=3)
         want = {r.query_id: fingerprint(r) for r in reference}
         backend = backend_for(s, hang_prefixes=(victim,))
-        app = make_app(backend, "beam", mode, seed=s["exec_seed"], query_timeout_s=0.3)
+        # generous: the innocent queries must finish in time even on a loaded machine
+        app = make_app(backend, "beam", mode, seed=s["exec_seed"], query_timeout_s=0.8)
         batch = await app.arun_batch(inputs("q0", "q1", "q2"))
         by_id = {r.query_id: r for r in batch.results}
         assert by_id["q1"].status == "timeout"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.branch import BranchRunner
 from spec_tot.executor.context import QueryContext
-from spec_tot.executor.pruning import early_prune_threshold, should_terminate
+from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord
 from spec_tot.nodes import GraphNode
 from spec_tot.policies.base import Answer, Candidate, Expansion, startable_width
@@ -86,12 +86,12 @@ class QueryController:
             self._outstanding -= len(batch)
             batch.sort(key=lambda n: n.key)
             if self.spec.ep:
-                self._early_prune()
+                early_prune(self.ctx, self.branches, self._round)
             expansions = self.policy.on_reward(self.tree, batch)
             if self.policy.done(self.tree) or self._terminate_early():
                 return
             if expansions and self.policy.discards_unselected:
-                self._discard_unselected(expansions)
+                discard_unselected(self.branches, self._round, expansions)
             self._commit(expansions)
             self._speculate()
 
@@ -234,53 +234,6 @@ class QueryController:
             and startable_width(n, width) == width
         ]
         return [*predicted, *rest]
-
-    # -- pruning ------------------------------------------------------------------------------
-    def _early_prune(self) -> None:
-        keep = self.policy.keep_count(self.tree)
-        if keep is None:
-            return
-        if self.spec.ep_full_score:
-            self._full_score_shortcut(keep)
-        threshold = early_prune_threshold(self._round, keep)
-        if threshold is None:
-            return
-        for node in self._round:
-            below = node.reward is not None and node.reward < threshold
-            if node.status is NodeStatus.SCORED and not node.terminal and below:
-                node.status = NodeStatus.PRUNED
-                self.ctx.emit("pruned", node, reward=node.reward, threshold=threshold)
-                for child in node.children:
-                    self.branches.cancel(child)
-
-    def _full_score_shortcut(self, keep: int) -> None:
-        """Opt-in: once ``keep`` non-terminal candidates have the maximum score, the round is
-        decided; unfinished candidates are cancelled. A later candidate that would also have
-        scored the maximum could have won a tie in the baseline, so this can change which
-        tied node is kept."""
-        full = [
-            n
-            for n in self._round
-            if n.status is NodeStatus.SCORED
-            and not n.terminal
-            and n.reward is not None
-            and n.reward >= self.spec.full_score
-        ]
-        if len(full) < keep:
-            return
-        for node in self._round:
-            task = self.branches.tasks.get(node.id)
-            if node.status is NodeStatus.RUNNING and task is not None and not task.done():
-                self.ctx.emit("cancelled", node, reason="full-score shortcut")
-                task.cancel()
-
-    def _discard_unselected(self, expansions: Sequence[Expansion]) -> None:
-        selected = {e.parent_id for e in expansions}
-        for node in self._round:
-            if node.id not in selected:
-                for child in node.children:
-                    if child.speculative:
-                        self.branches.cancel(child)
 
     # -- the end ------------------------------------------------------------------------------
     async def _shutdown(self) -> None:

@@ -16,17 +16,13 @@ from spec_tot.backends import RewardBackend
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.batching import BatchRule, Pending, Queue
-from spec_tot.executor.scores import Scorer, call_scorer, check_score, score_range
+from spec_tot.executor.calls import ScoreCalls
+from spec_tot.executor.scores import Scorer
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import GraphNode, State
 from spec_tot.requests import Capabilities, RewardItem
 
 __all__ = ["RewardRouter", "calibrated_lv"]
-
-# A call shared by several queries that runs longer than this many times a typical call (and
-# at least _MIN_HANG_S) is split per query: a hanging scorer holds only its own query.
-_HANG_FACTOR = 8.0
-_MIN_HANG_S = 0.05
 
 
 def calibrated_lv(lv: LazyVerification, given: Any, caps: Capabilities) -> LazyVerification:
@@ -79,8 +75,7 @@ class RewardRouter:
         self._rules: dict[Hashable, BatchRule] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._inflight: dict[Hashable, int] = {}  # queue key -> its batches being scored
-        self._calls: dict[asyncio.Task[list[Any]], list[Pending]] = {}  # scorer calls running
-        self._latency: float | None = None  # moving average of a scorer call's latency
+        self._calls = ScoreCalls(self._query_info)
         self._unresolved: dict[str, Pending] = {}  # node id -> its item, until scored
 
     # -- queries ------------------------------------------------------------------------------
@@ -130,12 +125,7 @@ class RewardRouter:
             queue.items = [p for p in queue.items if p.query_id != query_id]
             if not queue.items:
                 self._drop_queue(key)
-        for call, items in list(self._calls.items()):
-            for p in items:
-                if p.query_id == query_id:
-                    p.future.cancel()
-            if all(p.future.done() for p in items):
-                call.cancel()  # nobody waits for it (a hanging scorer of a timed-out query)
+        self._calls.forget(query_id)
 
     # -- scoring ------------------------------------------------------------------------------
     def prepare(
@@ -255,7 +245,7 @@ class RewardRouter:
                 query.queued.discard(p.node_id)
         # Committed work first: its scores unblock the policy.
         batch = sorted(batch, key=lambda p: p.speculative)
-        task = asyncio.get_running_loop().create_task(self._run(batch))
+        task = asyncio.get_running_loop().create_task(self._calls.run(batch))
         self._tasks.add(task)
         self._inflight[key] = self._inflight.get(key, 0) + 1
         task.add_done_callback(lambda t: self._batch_done(key, t))
@@ -269,94 +259,11 @@ class RewardRouter:
         if rule is not None and key in self._queues:
             rule.on_batch_done(self, key)
 
+    def _query_info(self, query_id: str) -> tuple[MetricsRecorder, float | None] | None:
+        query = self._queries.get(query_id)
+        return None if query is None else (query.recorder, query.timeout_s)
+
     def _drop_queue(self, key: Hashable) -> None:
         queue = self._queues.pop(key, None)
         if queue is not None and queue.timer is not None:
             queue.timer.cancel()
-
-    # -- running batches ----------------------------------------------------------------------
-    async def _run(self, pending: list[Pending]) -> None:
-        groups: dict[int, list[Pending]] = {}
-        for entry in pending:
-            groups.setdefault(id(entry.scorer), []).append(entry)
-        if len(groups) == 1:
-            await self._score_group(pending)
-        else:  # one slow scorer must not hold another's items
-            await asyncio.gather(*(self._score_group(g) for g in groups.values()))
-
-    async def _score_group(self, group: list[Pending]) -> None:
-        """Score ``group`` (one scorer) in one call. A call shared by several queries that
-        fails, or runs far longer than calls do (a hanging scorer), is split: each query
-        is scored alone, so only the query whose items are bad waits or fails."""
-        live = [p for p in group if not p.future.done()]
-        if not live:
-            return
-        queries = sorted({p.query_id for p in live})
-        self._record(live)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        call = loop.create_task(call_scorer(live[0].scorer, [p.item for p in live]))
-        self._calls[call] = live
-        try:
-            if len(queries) > 1:
-                done, _ = await asyncio.wait({call}, timeout=self._hang_after(queries))
-                if not done or call.exception() is not None:
-                    await self._split(live, queries)
-                    return
-            scores = await call
-        except asyncio.CancelledError:
-            if call.cancelled() and not _cancelling():
-                return  # every item's query ended (``forget``): nobody waits
-            raise
-        except Exception as exc:
-            for p in live:
-                if not p.future.done():
-                    error = ExecutionError(
-                        f"reward node {p.node_name!r}: {type(exc).__name__}: {exc}"
-                    )
-                    p.future.set_exception(error)
-            return
-        finally:
-            self._calls.pop(call, None)
-            if not call.done():
-                call.cancel()  # its items were scored apart (or their queries ended)
-        elapsed = loop.time() - started
-        self._latency = elapsed if self._latency is None else 0.8 * self._latency + 0.2 * elapsed
-        for p, value in zip(live, scores, strict=True):
-            if p.future.done():
-                continue
-            try:
-                p.future.set_result(check_score(value, p.item, score_range(p.scorer)))
-            except ValueError as exc:
-                p.future.set_exception(ExecutionError(f"reward node {p.node_name!r}: {exc}"))
-
-    async def _split(self, live: list[Pending], queries: list[str]) -> None:
-        await asyncio.gather(
-            *(self._score_group([p for p in live if p.query_id == q]) for q in queries)
-        )
-
-    def _hang_after(self, queries: list[str]) -> float:
-        """How long a shared call may run before its items are scored per query: well past
-        what calls take, and well within the queries' own deadlines."""
-        limit = max(_MIN_HANG_S, _HANG_FACTOR * (self._latency or 0.0))
-        deadlines = [
-            q.timeout_s
-            for q in (self._queries.get(qid) for qid in queries)
-            if q is not None and q.timeout_s is not None
-        ]
-        return min(limit, min(deadlines) / 4) if deadlines else limit
-
-    def _record(self, live: list[Pending]) -> None:
-        """One reward call in the metrics of each run that has items in it."""
-        by_recorder: dict[int, tuple[MetricsRecorder, list[Pending]]] = {}
-        for p in live:
-            query = self._queries.get(p.query_id)
-            if query is not None:
-                by_recorder.setdefault(id(query.recorder), (query.recorder, []))[1].append(p)
-        for recorder, items in by_recorder.values():
-            recorder.reward_call(len(items), sum(p.tokens for p in items))
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

@@ -28,7 +28,7 @@ _POLICIES: dict[str, str] = {
     "ets": "spec_tot.policies.ets:ETS",
     "mcts": "spec_tot.policies.mcts:MCTS",
     "rstar": "spec_tot.policies.mcts:RStarMCTS",
-    "rest_mcts": "spec_tot.policies.mcts:RestMCTS",
+    "rest_mcts": "spec_tot.policies.rest_mcts:RestMCTS",
     "tot_bfs": "spec_tot.policies.tot_bfs:ToTBFS",
     "tot_dfs": "spec_tot.policies.tot_dfs:ToTDFS",
 }
