@@ -207,6 +207,16 @@ class QueryController:
             if room <= 0:
                 return
 
+    def steering(self) -> bool:
+        """Whether an early score would steer this query's speculation now: it speculates,
+        and has speculative work running or room to start some."""
+        ctx, spec = self.ctx, self.spec
+        if spec.speculate == "off" or ctx.closed:
+            return False
+        if self.branches.speculative_generating():
+            return True
+        return not spec.budget or ctx.budget.room() > 0
+
     def _depth_cap(self) -> int:
         """SPEX T1's k: how many levels below the committed frontier speculation may go;
         adaptive from the query's hit rate under T2 (a query whose guesses miss stays
