@@ -20,10 +20,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
 import spec_tot
-
-# stable_seed: the executor's per-node seed rule (the base seed and the request id).
-from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
+from spec_tot.executor import request_seed  # the executor's per-request seed rule
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
 SAMPLING = SamplingParams(temperature=0.8, max_tokens=64, stop=("\n",))
@@ -83,7 +81,9 @@ def build_state_graph(
         async def sample(i: int) -> Beam:
             rid = f"{beam['id']}/{i}"
             request = GenerateRequest(
-                rid, replace(SAMPLING, seed=stable_seed(seed, rid)), prompt=prompt(branch)
+                rid,
+                replace(SAMPLING, seed=request_seed(seed, state["query_id"], rid)),
+                prompt=prompt(branch),
             )
             text = (await backend.generate(request)).completions[0].text.strip()
             order = (state.get("round", 0), state.get("rank", 0), i)

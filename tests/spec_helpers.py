@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import spec_tot.app
+import spec_tot.executor.batch
 from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
@@ -35,8 +35,8 @@ from spec_tot.requests import (
 )
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
-MODES = ("baseline", "naive", "spex", "specscale", "full")
-SPEC_MODES = ("naive", "spex", "specscale", "full")
+MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")
+SPEC_MODES = ("dedup", "naive", "spex", "specscale", "full")  # compared with baseline
 
 # Small, fast parameters for every policy (answers appear at depth 3 of the scripted backend).
 POLICIES: dict[str, dict[str, Any]] = {
@@ -277,8 +277,8 @@ def fingerprint(result: ToTResult) -> Fingerprint:
 
 # -- live trees and tool calls ---------------------------------------------------------------
 class TreeRegistry:
-    """Patches ``spec_tot.app.SearchTree`` so that every query's live tree is reachable by
-    query id while the query runs (the tool recorder looks branches up there)."""
+    """Patches ``spec_tot.executor.batch.SearchTree`` so that every query's live tree is
+    reachable by query id while the query runs (the tool recorder looks branches up there)."""
 
     def __init__(self) -> None:
         self.trees: dict[str, SearchTree] = {}
@@ -292,7 +292,7 @@ class TreeRegistry:
                 super().__init__(*args, **kwargs)
                 registry.trees[self.query_id] = self
 
-        with mock.patch.object(spec_tot.app, "SearchTree", RegisteredTree):
+        with mock.patch.object(spec_tot.executor.batch, "SearchTree", RegisteredTree):
             yield self
 
 

@@ -71,7 +71,7 @@ async def run(
 
 # -- EP --------------------------------------------------------------------------------------
 def _node(seq: int, reward: float | None, *, terminal: bool = False, status: Any = None) -> Node:
-    node = Node(id=f"q/{seq}", parent=None, depth=1, seq=seq, reward=reward, terminal=terminal)
+    node = Node(id=f"q/{seq}", parent=None, depth=1, key=(seq,), reward=reward, terminal=terminal)
     node.status = status or NodeStatus.SCORED
     return node
 
@@ -256,6 +256,31 @@ async def test_t3_stop_leaves_no_node_running() -> None:
     assert backend.num_inflight == 0
     stuck = [(n.id, n.status) for r in batch.results for n in r.tree.nodes() if not n.status.final]
     assert stuck == []
+
+
+def _terminal(tree: Any, answer: str, reward: float) -> None:
+    node = tree.add_child(tree.root)
+    node.status, node.terminal, node.answer, node.reward = NodeStatus.SCORED, True, answer, reward
+
+
+@pytest.mark.parametrize(("vote", "stops"), [("best", False), ("majority", True)])
+def test_t3_stops_only_on_the_lead_of_the_answer_the_policy_returns(vote: str, stops: bool) -> None:
+    """Terminals A, A, A at 0.6 and B at 0.9: A leads by cumulative reward. Beam voting
+    "best" answers B, so T3 must not stop on A's lead; voting "majority" answers A, so it
+    may."""
+    from spec_tot.executor.pruning import should_terminate
+    from spec_tot.policies import create_policy
+    from spec_tot.tree import SearchTree
+
+    tree = SearchTree("q", "question")
+    for answer, reward in (("A", 0.6), ("A", 0.6), ("A", 0.6), ("B", 0.9)):
+        _terminal(tree, answer, reward)
+    policy = create_policy("beam", n=4, width=2, vote=vote)
+    answer = policy.answer(tree)
+    assert answer is not None and answer.text == ("B" if vote == "best" else "A")
+    assert should_terminate(tree, 4, 0.5, answer.text) is stops
+    assert not should_terminate(tree, 4, 0.5, None)
+    assert not should_terminate(tree, 5, 0.5, "A")  # too few answers yet
 
 
 def test_t3_is_opt_in() -> None:

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import replace
 
-from spec_tot._private.compiled import apply_update, maybe_await, stable_seed
+from spec_tot._private.compiled import apply_update, maybe_await
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.context import QueryContext
 from spec_tot.nodes import END, GraphNode, NodeKind, State
@@ -211,7 +211,7 @@ class BranchRunner:
         request = GenerateRequest(
             request_id=request_id,
             prompt=node.prompt(state),
-            sampling=replace(node.sampling, seed=stable_seed(ctx.config.seed, request_id)),
+            sampling=replace(node.sampling, seed=ctx.request_seed(request_id)),
             priority=Priority.SPECULATIVE if speculative else Priority.COMMITTED,
             speculative=speculative,
             dedup=ctx.spec.dedup,

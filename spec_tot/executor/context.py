@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_tot._private.compiled import CompiledGraph
+from spec_tot._private.compiled import CompiledGraph, stable_seed
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig, Speculation
 from spec_tot.events import EventKind, EventSink, ToTEvent
@@ -32,6 +32,7 @@ class QueryContext:
     recorder: MetricsRecorder
     config: ExecutorConfig
     answer_fn: Callable[[State], str | None]
+    seed: int  # the query's base seed: every request's seed derives from it and the node id
     budget: SpeculationBudget | None = None
     on_event: EventSink | None = None
     errors: list[str] = field(default_factory=list)
@@ -44,6 +45,11 @@ class QueryContext:
     @property
     def query_id(self) -> str:
         return self.tree.query_id
+
+    def request_seed(self, request_id: str) -> int:
+        """The seed of a request: the query's seed and the request's path below the root
+        (never the query id itself, which may be auto-assigned)."""
+        return stable_seed(self.seed, request_id[len(self.tree.query_id) :])
 
     def emit(self, kind: EventKind, node: Node | None, **data: Any) -> None:
         if self.on_event is not None:

@@ -84,19 +84,24 @@ class QueryController:
             while not self._reported.empty():
                 batch.append(self._reported.get_nowait())
             self._outstanding -= len(batch)
-            batch.sort(key=lambda n: n.seq)
+            batch.sort(key=lambda n: n.key)
             if self.spec.ep:
                 self._early_prune()
             expansions = self.policy.on_reward(self.tree, batch)
-            if self.policy.done(self.tree) or (
-                self.spec.early_termination
-                and should_terminate(self.tree, self.spec.et_min_answers, self.spec.et_alpha)
-            ):
+            if self.policy.done(self.tree) or self._terminate_early():
                 return
             if expansions and self.policy.discards_unselected:
                 self._discard_unselected(expansions)
             self._commit(expansions)
             self._speculate()
+
+    def _terminate_early(self) -> bool:
+        spec = self.spec
+        if not spec.early_termination:
+            return False
+        answer = self.policy.answer(self.tree)
+        text = answer.text if answer is not None else None
+        return should_terminate(self.tree, spec.et_min_answers, spec.et_alpha, text)
 
     # -- committing ---------------------------------------------------------------------------
     def _commit(self, expansions: Sequence[Expansion]) -> None:

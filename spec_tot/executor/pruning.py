@@ -30,20 +30,21 @@ def early_prune_threshold(candidates: Sequence[Node], keep: int) -> float | None
     return scores[keep - 1]
 
 
-def should_terminate(tree: SearchTree, min_answers: int, alpha: float) -> bool:
-    """SPEX T3: >= ``min_answers`` answers exist and the top answer's cumulative reward leads
-    the runner-up's by ``alpha`` times the runner-up's mean weight (an answer with no rival
-    needs only the count)."""
+def should_terminate(tree: SearchTree, min_answers: int, alpha: float, answer: str | None) -> bool:
+    """SPEX T3: >= ``min_answers`` answers exist and ``answer`` (the one the policy would
+    return now) leads every other answer's cumulative reward by ``alpha`` times the
+    runner-up's mean weight (an answer with no rival needs only the count). The search
+    never stops on the lead of an answer the policy would not return."""
     totals: dict[str, list[float]] = {}
     for node in tree.terminals():
         if node.answer is not None and not node.speculative and node.reward is not None:
             totals.setdefault(node.answer, []).append(node.reward)
-    count = sum(len(v) for v in totals.values())
-    if count < min_answers:
+    if answer is None or answer not in totals:
         return False
-    ranked = sorted((sum(v), len(v)) for v in totals.values())
-    top_sum = ranked[-1][0]
-    if len(ranked) == 1:
+    if sum(len(v) for v in totals.values()) < min_answers:
+        return False
+    rivals = [v for a, v in totals.items() if a != answer]
+    if not rivals:
         return True
-    second_sum, second_n = ranked[-2]
-    return top_sum - second_sum >= alpha * (second_sum / second_n)
+    second = max(rivals, key=lambda v: (sum(v), len(v)))
+    return sum(totals[answer]) - sum(second) >= alpha * (sum(second) / len(second))
