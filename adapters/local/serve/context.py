@@ -101,10 +101,7 @@ class ServeContext:
         return item
 
     async def flush_prefix_cache(self) -> bool:
-        flush = getattr(self.backend, "flush_prefix_cache", None)
-        if flush is None:
-            raise ConfigError("flush_cache", "this engine cannot flush its prefix cache")
-        return bool(await flush())
+        return await self.backend.flush_prefix_cache()
 
     # -- descriptions ----------------------------------------------------------------------
     def load(self) -> dict[str, Any]:
