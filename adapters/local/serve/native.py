@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -149,6 +149,8 @@ def guarded(
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
+        except ClientDisconnect:
+            return Response(status_code=400)  # gone before its body arrived: nobody reads it
         except BodyTooLarge as exc:
             return JSONResponse(error_body(str(exc), "body", 413), status_code=413)
         except ConfigError as exc:
