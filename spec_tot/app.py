@@ -12,15 +12,21 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
-from spec_tot._private.runtime import QueryRunner, record_for
-from spec_tot._private.scoring import FlushRule, RewardRouter, calibrated_lv
-from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
-from spec_tot.graph import State
+from spec_tot.executor import (
+    QueryContext,
+    QueryController,
+    RewardRouter,
+    SpeculationBudget,
+    calibrated_lv,
+    record_for,
+)
+from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.metrics import MetricsRecorder, RunMetrics
+from spec_tot.nodes import State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.tree import SearchTree
@@ -197,22 +203,28 @@ class ToTApp(Runnable[Any, ToTResult]):
         lv = spec.lv
         if lv is not None:
             lv = calibrated_lv(lv, self.config.speculation_overrides.get("lv"), caps)
-        rule: FlushRule = "round" if spec.round_rewards else (lv or "eager")
         capacity = caps.saturation_batch
         budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None
-        busy = None
-        if spec.adaptive:
-            busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
-        # Loaded: committed work fills half the engine's saturation batch. LV's time rules
-        # then rest (an early score only steers speculation, worth little under load).
-        saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
-        router = RewardRouter(self.reward_scorer, recorder, rule, busy, saturated)
+        rule: BatchRule
+        if spec.round_rewards:
+            rule = RoundRule()
+        elif lv is None:
+            rule = EagerRule()
+        else:
+            busy = None
+            if spec.adaptive:
+                busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
+            # Loaded: committed work fills half the engine's saturation batch. LV's time
+            # rules then rest (an early score only steers speculation, worth little then).
+            saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
+            rule = LazyRule(lv, busy, saturated)
+        router = RewardRouter()
         limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
 
         async def one(state: State) -> ToTResult:
             try:
                 async with limit:
-                    result = await self._run_one(state, recorder, router, budget, on_event)
+                    result = await self._run_one(state, recorder, router, rule, budget, on_event)
             finally:
                 self._active.discard(str(state["query_id"]))
             if on_result is not None:
@@ -272,6 +284,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         state: State,
         recorder: MetricsRecorder,
         router: RewardRouter,
+        rule: BatchRule,
         budget: SpeculationBudget | None,
         on_event: EventSink | None = None,
     ) -> ToTResult:
@@ -282,7 +295,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         status, answer, truncated = "ok", None, False
         errors: tuple[str, ...] = ()
         try:
-            runner = QueryRunner(
+            ctx = QueryContext(
                 graph=self.graph,
                 tree=tree,
                 policy=self.policy_factory(),
@@ -294,8 +307,9 @@ class ToTApp(Runnable[Any, ToTResult]):
                 budget=budget,
                 on_event=on_event,
             )
+            router.open_query(query_id, rule, recorder, self.reward_scorer)
             async with asyncio.timeout(self.config.query_timeout_s):
-                outcome = await runner.run()
+                outcome = await QueryController(ctx).run()
             answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
             if answer is None and errors:
                 status = "failed"

@@ -19,10 +19,13 @@ import spec_tot.app
 from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
-from spec_tot.config import ExecutorConfig
+from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
+from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.executor.rewards import RewardRouter
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
+from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import (
     Completion,
     FinishReason,
@@ -320,3 +323,43 @@ class ToolRecorder:
             return {f"{name}_calls": state.get(f"{name}_calls", 0) + 1}
 
         return fn
+
+
+# -- a reward router for unit tests -----------------------------------------------------------
+class OneRuleRouter(RewardRouter):
+    """A RewardRouter whose queries all use one batch rule; a query opens on first sight."""
+
+    def __init__(
+        self,
+        rule: str | LazyVerification | BatchRule,
+        recorder: MetricsRecorder | None = None,
+        *,
+        busy: Callable[[], bool] | None = None,
+        saturated: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(rule, LazyVerification):
+            rule = LazyRule(rule, busy, saturated)
+        elif rule == "round":
+            rule = RoundRule()
+        elif rule == "eager":
+            rule = EagerRule()
+        assert isinstance(rule, BatchRule)
+        self.rule = rule
+        self.recorder = recorder or MetricsRecorder()
+
+    def _ensure(self, query_id: str) -> None:
+        if query_id not in self._queries:
+            self.open_query(query_id, self.rule, self.recorder, None)
+
+    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+        self._ensure(query_id)
+        super().segment_started(query_id, speculative=speculative)
+
+    def adopt(self, query_id: str, node_id: str) -> None:
+        self._ensure(query_id)
+        super().adopt(query_id, node_id)
+
+    async def score(self, query_id: str, *args: Any, **kwargs: Any) -> tuple[float, ...]:
+        self._ensure(query_id)
+        return await super().score(query_id, *args, **kwargs)
