@@ -9,9 +9,12 @@ release that moves one fails at import with a message naming the version.
 
 from __future__ import annotations
 
+import asyncio
 import binascii
+import contextvars
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 import langgraph.version
@@ -19,9 +22,12 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.channels.base import BaseChannel
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.constants import START
 from langgraph.errors import GraphRecursionError
 from langgraph.runtime import Runtime
 from langgraph.types import Command
+
+from spec_tot.branch import BranchContext, current_branch
 
 try:
     from langgraph._internal._constants import (
@@ -44,7 +50,7 @@ try:
         map_output_values,
         read_channels,
     )
-    from langgraph.pregel._retry import arun_with_retry
+    from langgraph.pregel._retry import arun_with_retry, run_with_retry
     from langgraph.types import PregelExecutableTask
 except ImportError as exc:  # pragma: no cover - depends on the installed LangGraph
     raise ImportError(
@@ -56,6 +62,7 @@ __all__ = [
     "CONF",
     "CONFIG_KEY_RUNTIME",
     "NS_SEP",
+    "START",
     "TASKS",
     "Command",
     "GraphRecursionError",
@@ -63,11 +70,11 @@ __all__ = [
     "Runtime",
     "World",
     "arun_with_retry",
+    "execute",
     "map_output_updates",
     "map_output_values",
     "path_key",
     "recursion_error",
-    "with_input",
 ]
 
 
@@ -86,8 +93,26 @@ def _path_str(path: Any) -> str:
     return str(path)
 
 
-def with_input(task: PregelExecutableTask, value: Any) -> PregelExecutableTask:
-    return replace(task, input=value)
+async def execute(
+    task: PregelExecutableTask, branch: BranchContext, pool: Executor | None = None
+) -> None:
+    """Run one task as LangGraph does, inside ``branch``: on the event loop (``ainvoke``),
+    or with ``pool`` on a worker thread (``invoke``: sync nodes of one step run in
+    parallel, as in LangGraph's sync runner)."""
+    if pool is None:
+        token = current_branch.set(branch)
+        try:
+            await arun_with_retry(task, task.retry_policy)
+        finally:
+            current_branch.reset(token)
+        return
+
+    def call() -> None:
+        current_branch.set(branch)
+        run_with_retry(task, task.retry_policy)
+
+    context = contextvars.copy_context()
+    await asyncio.get_running_loop().run_in_executor(pool, context.run, call)
 
 
 def recursion_error(limit: int) -> GraphRecursionError:

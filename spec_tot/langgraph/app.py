@@ -12,8 +12,10 @@ refused with an error naming the option.
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import is_dataclass
 from typing import Any
 
@@ -125,6 +127,14 @@ class SpeculativeGraph(Runnable[Any, Any]):
         schema: type[BaseModel] = self.compiled.get_output_schema(config)
         return schema
 
+    def get_input_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        schema: dict[str, Any] = self.compiled.get_input_jsonschema(config)
+        return schema
+
+    def get_output_jsonschema(self, config: RunnableConfig | None = None) -> dict[str, Any]:
+        schema: dict[str, Any] = self.compiled.get_output_jsonschema(config)
+        return schema
+
     # -- running --------------------------------------------------------------------------
     async def arun(
         self,
@@ -135,49 +145,28 @@ class SpeculativeGraph(Runnable[Any, Any]):
         output_keys: str | Sequence[str] | None = None,
         sink: Sink | None = None,
         stream_keys: str | Sequence[str] | None = None,
+        threads: bool = False,
     ) -> LangGraphResult:
-        """One run: the graph's output, its task tree and its figures."""
+        """One run: the graph's output, its task tree and its figures. ``threads``: run the
+        nodes on worker threads, as LangGraph's sync ``invoke`` does (the sync twins set
+        it, so that a step's sync nodes run in parallel)."""
         if isinstance(input, pregel.Command):
             raise ConfigError("input", "Command input resumes a checkpointed thread: unsupported")
         config = ensure_config(config)
         _check_config(config)
-        compiled = self.compiled
         manager = get_async_callback_manager_for_config(config)
         run_manager = await manager.on_chain_start(
             None, input, name=config.get("run_name") or self.get_name(), run_id=config.get("run_id")
         )
-        run = GraphRun(
-            compiled=compiled,
-            config=config,
-            recursion_limit=config["recursion_limit"],
-            prefix=f"lg-{uuid.uuid4().hex[:12]}",
-            output_keys=output_keys if output_keys is not None else compiled.output_channels,
-            stream_keys=stream_keys if stream_keys is not None else compiled.stream_channels_asis,
-            sink=sink,
-            manager=run_manager,
+        pools = (
+            (
+                ThreadPoolExecutor(config.get("max_concurrency")),
+                ThreadPoolExecutor(self.slots.limit),
+            )
+            if threads
+            else None
         )
-        runtime = pregel.Runtime(
-            context=_coerce_context(compiled.context_schema, context),
-            stream_writer=run.custom_writer,
-        )
-        configurable = {**(config.get("configurable") or {}), pregel.CONFIG_KEY_RUNTIME: runtime}
-        run.config = {**config, "configurable": configurable}
-        if self.speculate:
-            spec_config: RunnableConfig = {**run.config, "callbacks": None}
-
-            def make(owners: SendOwners, clock: Any) -> Speculator:
-                return Speculator(
-                    roles=self.roles,
-                    config=spec_config,
-                    slots=self.slots,
-                    max_depth=self.max_depth,
-                    strict=self.strict,
-                    prefix=run.prefix,
-                    clock=clock,
-                    owners=owners,
-                )
-
-            run.make_speculator = make
+        run = self._new_run(config, context, output_keys, stream_keys, sink, run_manager, pools)
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await run.run(input)
@@ -188,28 +177,96 @@ class SpeculativeGraph(Runnable[Any, Any]):
         except BaseException as exc:
             await asyncio.shield(run_manager.on_chain_error(exc))
             raise
+        finally:
+            for pool in pools or ():
+                # Threads cannot be interrupted: wait for what still runs (cancelled
+                # speculative work included), so that nothing outlives the run.
+                shutdown = functools.partial(pool.shutdown, wait=True, cancel_futures=True)
+                await asyncio.get_running_loop().run_in_executor(None, shutdown)
         await run_manager.on_chain_end(result.state)
         return result
 
+    def _new_run(
+        self,
+        config: RunnableConfig,
+        context: Any,
+        output_keys: str | Sequence[str] | None,
+        stream_keys: str | Sequence[str] | None,
+        sink: Sink | None,
+        run_manager: Any,
+        pools: tuple[Executor, Executor] | None,
+    ) -> GraphRun:
+        compiled = self.compiled
+        run = GraphRun(
+            compiled=compiled,
+            config=config,
+            recursion_limit=config["recursion_limit"],
+            prefix=f"lg-{uuid.uuid4().hex[:12]}",
+            output_keys=output_keys if output_keys is not None else compiled.output_channels,
+            stream_keys=stream_keys if stream_keys is not None else compiled.stream_channels_asis,
+            sink=sink,
+            manager=run_manager,
+            pool=pools[0] if pools else None,
+            roles=self.roles,
+        )
+        runtime = pregel.Runtime(
+            context=_coerce_context(compiled.context_schema, context),
+            stream_writer=run.custom_writer,
+        )
+        configurable = {**(config.get("configurable") or {}), pregel.CONFIG_KEY_RUNTIME: runtime}
+        run.config = {**config, "configurable": configurable}
+        if not self.speculate:
+            return run
+        spec_config: RunnableConfig = {**run.config, "callbacks": None}
+
+        def make(owners: SendOwners, clock: Callable[[], float]) -> Speculator:
+            return Speculator(
+                roles=self.roles,
+                config=spec_config,
+                slots=self.slots,
+                max_depth=self.max_depth,
+                strict=self.strict,
+                prefix=run.prefix,
+                clock=clock,
+                owners=owners,
+                pool=pools[1] if pools else None,
+            )
+
+        run.make_speculator = make
+        return run
+
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return await self._ainvoke(input, config, False, **kwargs)
+
+    async def _ainvoke(
+        self, input: Any, config: RunnableConfig | None, threads: bool, **kwargs: Any
+    ) -> Any:
         context = kwargs.pop("context", None)
         output_keys = kwargs.pop("output_keys", None)
         stream_mode = kwargs.pop("stream_mode", "values")
         _check_kwargs(kwargs)
         if stream_mode != "values":
-            return [c async for c in self.astream(input, config, stream_mode=stream_mode)]
-        result = await self.arun(input, config, context=context, output_keys=output_keys)
+            stream = self._astream(input, config, threads, stream_mode=stream_mode)
+            return [c async for c in stream]
+        result = await self.arun(
+            input, config, context=context, output_keys=output_keys, threads=threads
+        )
         return result.state
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return run_in_thread_if_needed(self.ainvoke(input, config, **kwargs))
+        return run_in_thread_if_needed(self._ainvoke(input, config, True, **kwargs))
 
     def run(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        """Sync twin of ``arun``."""
-        return run_in_thread_if_needed(self.arun(input, config, **kwargs))
+        """Sync twin of ``arun`` (nodes on worker threads)."""
+        return run_in_thread_if_needed(self.arun(input, config, threads=True, **kwargs))
 
-    async def astream(
+    def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        return self._astream(input, config, False, **kwargs)
+
+    async def _astream(
+        self, input: Any, config: RunnableConfig | None, threads: bool, **kwargs: Any
     ) -> AsyncIterator[Any]:
         context = kwargs.pop("context", None)
         output_keys = kwargs.pop("output_keys", None)
@@ -240,7 +297,7 @@ class SpeculativeGraph(Runnable[Any, Any]):
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        yield from iterate_in_thread(self.astream(input, config, **kwargs))
+        yield from iterate_in_thread(self._astream(input, config, True, **kwargs))
 
 
 def _compiled(graph: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from spec_tot.branch import BranchContext, current_branch
 from spec_tot.langgraph import _pregel as pregel
 from spec_tot.langgraph._pregel import PregelExecutableTask, World
 from spec_tot.langgraph.results import LangGraphMetrics, LangGraphResult, TaskRecord, TaskStatus
+from spec_tot.langgraph.roles import NodeRole
 from spec_tot.langgraph.speculation import Entry, SendOwners, Speculator
 
 __all__ = ["GraphRun", "Sink"]
@@ -40,6 +42,8 @@ class GraphRun:
     make_speculator: Callable[[SendOwners, Callable[[], float]], Speculator] | None = None
     sink: Sink | None = None
     manager: Any = None
+    pool: Executor | None = None  # sync runs: tasks on worker threads
+    roles: Mapping[str, NodeRole] = field(default_factory=dict)
     records: list[TaskRecord] = field(default_factory=list)
     latest: Any = None
     steps: int = 0
@@ -84,6 +88,8 @@ class GraphRun:
         clock: Callable[[], float],
     ) -> None:
         adopted = spec.begin_step(world, tasks) if spec is not None else {}
+        if spec is not None and any(not self._pure(t) for t in tasks if t.id not in adopted):
+            spec.before_impure()
         loop = asyncio.get_running_loop()
         running: dict[asyncio.Future[Any], tuple[PregelExecutableTask, str, str | None]] = {}
         starts: dict[str, float] = {}
@@ -125,15 +131,15 @@ class GraphRun:
             if spec is not None:
                 spec.end_step()
 
+    def _pure(self, task: PregelExecutableTask) -> bool:
+        role = self.roles.get(task.name)
+        return task.name == pregel.START or (role is not None and role.pure)
+
     async def _execute(self, task: PregelExecutableTask, rid: str) -> None:
         branch = BranchContext(
             f"{self.prefix}/{rid.replace(':', '/')}", loop=asyncio.get_running_loop()
         )
-        token = current_branch.set(branch)
-        try:
-            await pregel.arun_with_retry(task, task.retry_policy)
-        finally:
-            current_branch.reset(token)
+        await pregel.execute(task, branch, self.pool)
 
     async def _adopt(self, task: PregelExecutableTask, entry: Entry, rid: str) -> None:
         future = entry.future

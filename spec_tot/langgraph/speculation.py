@@ -5,9 +5,9 @@ the writes of the tasks that have finished (the partial pool), and prepares the 
 that would follow, as LangGraph would: reward and select nodes run on the partial pool (the
 user's own functions), and the ``Send``s the select's router emits become speculative
 tasks. A pass recurses through speculative steps whose tasks have finished (up to
-``max_depth`` partial steps). Each speculative task runs once, on a deep copy of its input;
-when a real step prepares a task with the same node and an equal input (on the node's
-declared ``reads``), it adopts that run's writes instead of running it again. Impure nodes
+``max_depth`` partial steps). Each speculative task runs once; when a real step prepares a
+task with the same node and an equal input (on the node's declared ``reads``), it adopts
+that run's writes instead of running it again. Impure nodes
 never run here: a step with one stops the pass.
 
 Passes run after every task completion (real or speculative). What a pass no longer reaches
@@ -23,20 +23,15 @@ import copy
 import functools
 import itertools
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from spec_tot.branch import BranchContext, current_branch
+from spec_tot.branch import BranchContext
 from spec_tot.errors import ConfigError
-from spec_tot.langgraph._pregel import (
-    TASKS,
-    PregelExecutableTask,
-    World,
-    arun_with_retry,
-    with_input,
-)
+from spec_tot.langgraph._pregel import TASKS, PregelExecutableTask, World, execute
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
 
@@ -102,6 +97,7 @@ class Entry:
     cancelled: bool = False
     holds_slot: bool = False
     wanted: bool = True  # the latest pass that reached its step still uses it
+    frozen: bool = False  # ``key`` is a private copy (taken before an impure task ran)
     finished_s: float | None = None
 
     @property
@@ -140,6 +136,7 @@ class Speculator:
     prefix: str
     clock: Callable[[], float]
     owners: SendOwners
+    pool: Executor | None = None  # sync runs: speculative tasks on their own threads
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     entries: list[Entry] = field(default_factory=list)
     records: list[TaskRecord] = field(default_factory=list)
@@ -174,6 +171,20 @@ class Speculator:
         if len(tasks) > 1:
             self._schedule()  # predict from the pool the step starts with
         return adopted
+
+    def before_impure(self) -> None:
+        """An impure task may mutate state objects in place: freeze every live run's key
+        (a deep copy of the input it ran on) so that adoption compares with what it saw.
+        Pure graphs never pay for the copies."""
+        for entry in self.entries:
+            if entry.frozen or entry.cancelled:
+                continue
+            try:
+                entry.key = copy.deepcopy(entry.key)
+                entry.frozen = True
+            except Exception:  # a key that cannot be copied cannot be trusted any more
+                self._cancel(entry)
+        self.entries = [e for e in self.entries if not e.cancelled]
 
     def task_done(self, task: PregelExecutableTask) -> None:
         if self._real is not None:
@@ -321,10 +332,6 @@ class Speculator:
     def _launch(self, world: World, task: PregelExecutableTask, exact: bool) -> Entry | None:
         if not self.slots.free and not self._evict():
             return None
-        try:
-            snapshot = copy.deepcopy(task.input)
-        except Exception:  # an input that cannot be copied is never run ahead
-            return None
         n = next(self._ids)
         self._ids_issued = n + 1
         branch = BranchContext(f"{self.prefix}/spec{n}", speculative=True, loop=self.loop)
@@ -333,8 +340,8 @@ class Speculator:
             serial=n,
             node=task.name,
             step=world.step,
-            key=_key(self.roles.get(task.name), snapshot),
-            task=with_input(task, snapshot),
+            key=_key(self.roles.get(task.name), task.input),
+            task=task,
             branch=branch,
             exact=exact,
             parent=self.owners.parent(world, task),
@@ -349,16 +356,12 @@ class Speculator:
         return entry
 
     async def _run(self, entry: Entry) -> None:
-        token = current_branch.set(entry.branch)
-        try:
-            await arun_with_retry(entry.task, entry.task.retry_policy)
-        finally:
-            current_branch.reset(token)
+        await execute(entry.task, entry.branch, self.pool)
 
     def _on_entry_done(self, entry: Entry, _future: asyncio.Future[Any]) -> None:
         entry.finished_s = self.clock()
         self._release(entry)
-        if not entry.cancelled:
+        if not entry.cancelled and entry.wanted:  # an unwanted run extends no prediction
             self._schedule()
 
     def _release(self, entry: Entry) -> None:
