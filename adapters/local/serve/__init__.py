@@ -10,7 +10,7 @@ batched, n > 1, streaming, POST and PUT), ``/abort_request``, ``/health``,
 ``/v1/completions``, ``/v1/chat/completions``.
 
 Every client error is a 4xx whose message names the field; an unimplemented parameter is a
-400 naming it; with ``api_key`` every route but the health probes needs
+400 naming it; with ``api_key`` every route, the health probes included, needs
 ``Authorization: Bearer <key>`` (``auth.py``).
 """
 

@@ -1,8 +1,9 @@
 """``--api-key``: SGLang's Bearer convention (``srt/utils/auth.py``). With a key, every route
 asks for ``Authorization: Bearer <key>`` (compared in constant time), ``/abort_request`` and
-``abort_all`` included; without it the answer is a 401. Only the liveness probes ``/health``
-and ``/health_generate`` stay open, as SGLang keeps them for load balancers and Kubernetes
-(they run nothing and tell nothing but "up")."""
+``abort_all`` included, and the health probes too: SGLang leaves ``/health*`` and
+``/metrics`` open for load balancers, but an open ``/health_generate`` runs the engine for
+anyone who reaches the port, so here a probe sends the key like any other client (the HTTP
+adapters do: ``HttpConfig.api_key``)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["BearerAuth"]
 
-_OPEN = ("/health", "/health_generate")
-
 
 class BearerAuth:
     """Pure ASGI (not ``BaseHTTPMiddleware``), so a route still sees its client disconnect."""
@@ -24,7 +23,7 @@ class BearerAuth:
         self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in _OPEN or self._allowed(scope):
+        if scope["type"] != "http" or self._allowed(scope):
             await self.app(scope, receive, send)
             return
         body = json.dumps(
