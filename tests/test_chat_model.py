@@ -35,7 +35,7 @@ def test_invoke_answers_with_tree_and_metrics() -> None:
     model = ToTChatModel(app=_toy_app(), extra_state={"target": "24"})
     reply = model.invoke([SystemMessage("be brief"), HumanMessage("toy puzzle 0")])
     assert isinstance(reply, AIMessage)
-    direct = _toy_app().invoke({"question": "toy puzzle 0", "query_id": "q0"})
+    direct = _toy_app().invoke({"question": "toy puzzle 0", "target": "24"})
     assert reply.content == direct.answer
     meta = reply.response_metadata
     assert meta["status"] == "ok" and meta["score"] == direct.score
