@@ -272,18 +272,18 @@ class Probing:
 
 def request_budget(body: Any) -> int | None:
     """The most output tokens a request body asks for: SGLang's
-    ``sampling_params.max_new_tokens`` or OpenAI's ``max_tokens`` / ``max_completion_tokens``
-    (samples of one request run side by side, so ``n`` does not multiply it). None for a body
-    that generates nothing (classify, abort, pooling)."""
+    ``sampling_params.max_new_tokens`` (one dict, or one per prompt of a batch: the largest)
+    or OpenAI's ``max_tokens`` / ``max_completion_tokens``. Samples and prompts of one
+    request run side by side, so their count does not multiply it. None for a body that
+    generates nothing (classify, abort, pooling)."""
     if not isinstance(body, dict):
         return None
     params = body.get("sampling_params")
-    value = params.get("max_new_tokens") if isinstance(params, dict) else None
-    if value is None:
-        value = body.get("max_tokens", body.get("max_completion_tokens"))
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        return None
-    return value
+    per_prompt = params if isinstance(params, list) else [params]
+    values = [p.get("max_new_tokens") for p in per_prompt if isinstance(p, dict)]
+    values.append(body.get("max_tokens", body.get("max_completion_tokens")))
+    budgets = [v for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(budgets) if budgets else None
 
 
 def completion_tokens(response: httpx.Response) -> float | None:

@@ -238,6 +238,8 @@ def test_deadline_from_budget_and_learned_speed() -> None:
 
 def test_budget_and_output_tokens_read_from_both_protocols() -> None:
     assert request_budget({"sampling_params": {"max_new_tokens": 64, "n": 8}}) == 64
+    batch = {"text": ["a", "a"], "sampling_params": [{"max_new_tokens": 8}, {"max_new_tokens": 9}]}
+    assert request_budget(batch) == 9  # a batch's prompts run side by side: the largest
     assert request_budget({"prompt": "x", "max_tokens": 32, "n": 4}) == 32
     assert request_budget({"text": ["a"]}) is None and request_budget([1]) is None
     assert request_budget({"max_tokens": True}) is None
