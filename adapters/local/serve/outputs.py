@@ -64,16 +64,19 @@ def sse(payload: Any) -> bytes:
 async def _one(
     backend: LocalBackend, index: int, request: GenerateRequest
 ) -> AsyncIterator[Update]:
-    stream = getattr(backend, "stream", None)
-    if stream is None:  # an engine without incremental output: one update at the end
-        result = await backend.generate(request)
-        c = result.completions[0]
-        yield Update(index, c.text, c.token_ids, result)
-        return
-    async for result in stream(request):
-        c = result.completions[0]
-        done = c.finish_reason is not None and getattr(result, "finished", True)
-        yield Update(index, c.text, c.token_ids, result if done else None)
+    """The engine's per-token updates of one sample (cumulative text and ids)."""
+    prompt_tokens = 0
+    async for up in backend.stream(request):
+        result = None
+        if up.completion is not None:
+            if not prompt_tokens:  # the stream carries no usage: count the prompt once
+                ids = request.prompt_ids
+                prompt_tokens = len(ids) if ids is not None else backend.count_tokens(
+                    request.prompt or "")  # fmt: skip
+            result = GenerateResult(request.request_id, (up.completion,), prompt_tokens)
+            yield Update(index, up.completion.text, up.completion.token_ids, result)
+        else:
+            yield Update(index, up.text, up.token_ids, None)
 
 
 async def merge_updates(
