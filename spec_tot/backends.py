@@ -62,6 +62,16 @@ class GenerationBackend(ABC):
         """Engine counters (peak KV blocks, steps, ...). Empty when the backend has none."""
         return {}
 
+    def reported_load(self) -> float | None:
+        """Running plus waiting sequences as the serving engine itself reports them (every
+        client together), or None when the backend does not know (the default).
+
+        The shared speculation budget takes it, when not None, as the engine's committed
+        load, so several client processes on one server share one budget. It must return
+        at once (no I/O on the caller's loop): a remote backend polls in the background and
+        returns its latest figure."""
+        return None
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections, threads and memory."""
 

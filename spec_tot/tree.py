@@ -68,7 +68,9 @@ class Node:
     visits: int = 0
     value_sum: float = 0.0
     children: list[Node] = field(default_factory=list)
-    seq: int = 0  # creation order within the tree, for stable tie-breaking
+    # The canonical tie key: the child indices along the id path (``q/0/3`` -> (0, 3)).
+    # Ties break on it, never on creation order, which speculation changes.
+    key: tuple[int, ...] = ()
 
     @property
     def value(self) -> float:
@@ -143,7 +145,7 @@ class SearchTree:
             depth=parent.depth + 1,
             status=NodeStatus.SPECULATIVE if speculative else NodeStatus.PENDING,
             speculative=speculative,
-            seq=len(self._nodes),
+            key=(*parent.key, index),
         )
         parent.children.append(child)
         self._nodes[child.id] = child
@@ -182,7 +184,7 @@ class SearchTree:
                 speculative=node.speculative,
                 visits=node.visits,
                 value_sum=node.value_sum,
-                seq=node.seq,
+                key=node.key,
             )
             if parent is not None:
                 parent.children.append(clone)

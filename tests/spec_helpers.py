@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import spec_tot.app
+import spec_tot.executor.batch
 from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
-from spec_tot.config import ExecutorConfig
+from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
+from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.executor.rewards import RewardRouter
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
+from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import (
     Completion,
     FinishReason,
@@ -32,8 +35,8 @@ from spec_tot.requests import (
 )
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
-MODES = ("baseline", "naive", "spex", "specscale", "full")
-SPEC_MODES = ("naive", "spex", "specscale", "full")
+MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")
+SPEC_MODES = ("dedup", "naive", "spex", "specscale", "full")  # compared with baseline
 
 # Small, fast parameters for every policy (answers appear at depth 3 of the scripted backend).
 POLICIES: dict[str, dict[str, Any]] = {
@@ -274,8 +277,8 @@ def fingerprint(result: ToTResult) -> Fingerprint:
 
 # -- live trees and tool calls ---------------------------------------------------------------
 class TreeRegistry:
-    """Patches ``spec_tot.app.SearchTree`` so that every query's live tree is reachable by
-    query id while the query runs (the tool recorder looks branches up there)."""
+    """Patches ``spec_tot.executor.batch.SearchTree`` so that every query's live tree is
+    reachable by query id while the query runs (the tool recorder looks branches up there)."""
 
     def __init__(self) -> None:
         self.trees: dict[str, SearchTree] = {}
@@ -289,7 +292,7 @@ class TreeRegistry:
                 super().__init__(*args, **kwargs)
                 registry.trees[self.query_id] = self
 
-        with mock.patch.object(spec_tot.app, "SearchTree", RegisteredTree):
+        with mock.patch.object(spec_tot.executor.batch, "SearchTree", RegisteredTree):
             yield self
 
 
@@ -320,3 +323,43 @@ class ToolRecorder:
             return {f"{name}_calls": state.get(f"{name}_calls", 0) + 1}
 
         return fn
+
+
+# -- a reward router for unit tests -----------------------------------------------------------
+class OneRuleRouter(RewardRouter):
+    """A RewardRouter whose queries all use one batch rule; a query opens on first sight."""
+
+    def __init__(
+        self,
+        rule: str | LazyVerification | BatchRule,
+        recorder: MetricsRecorder | None = None,
+        *,
+        busy: Callable[[], bool] | None = None,
+        saturated: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(rule, LazyVerification):
+            rule = LazyRule(rule, busy, saturated)
+        elif rule == "round":
+            rule = RoundRule()
+        elif rule == "eager":
+            rule = EagerRule()
+        assert isinstance(rule, BatchRule)
+        self.rule = rule
+        self.recorder = recorder or MetricsRecorder()
+
+    def _ensure(self, query_id: str) -> None:
+        if query_id not in self._queries:
+            self.open_query(query_id, self.rule, self.recorder, None)
+
+    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+        self._ensure(query_id)
+        super().segment_started(query_id, speculative=speculative)
+
+    def adopt(self, query_id: str, node_id: str) -> None:
+        self._ensure(query_id)
+        super().adopt(query_id, node_id)
+
+    async def score(self, query_id: str, *args: Any, **kwargs: Any) -> tuple[float, ...]:
+        self._ensure(query_id)
+        return await super().score(query_id, *args, **kwargs)

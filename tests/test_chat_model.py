@@ -101,7 +101,7 @@ class TestChatSpecTotEngine(_Integration):
 def test_invoke_answers_with_tree_metrics_and_usage() -> None:
     model = ToTChatModel(app=toy_app(), extra_state={"target": "24"})
     reply = model.invoke([SystemMessage("be brief"), HumanMessage("toy puzzle 0")])
-    direct = toy_app().invoke({"question": "toy puzzle 0", "query_id": "q0"})
+    direct = toy_app().invoke({"question": "toy puzzle 0", "target": "24"})
     assert isinstance(reply, AIMessage) and reply.content == direct.answer
     meta = reply.response_metadata
     assert meta["status"] == "ok" and meta["score"] == direct.score

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from spec_helpers import LatencyBackend, fingerprint, inputs, make_app, tick_fn
+from spec_helpers import LatencyBackend, OneRuleRouter, fingerprint, inputs, make_app, tick_fn
 
-from spec_tot._private.scoring import RewardRouter
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import ConfigError
-from spec_tot.graph import END, START, GraphNode, NodeKind, ThoughtGraph, _default_reward_item
+from spec_tot.graph import END, START, GraphNode, NodeKind, ThoughtGraph
 from spec_tot.graphs.toy import _answer, _prompt, _route
-from spec_tot.metrics import MetricsRecorder
+from spec_tot.nodes import default_reward_item
 
 
 async def test_full_score_shortcut_never_hangs_on_unstarted_branches() -> None:
@@ -109,9 +108,9 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
         await asyncio.sleep(0.1)
         return [0.5] * len(items)
 
-    node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=_default_reward_item)
+    node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=default_reward_item)
     lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=1.0)
-    router = RewardRouter(None, MetricsRecorder(), lv)
+    router = OneRuleRouter(lv)
     state = {"question": "q", "steps": ["s"]}
     for _ in range(2):
         router.segment_started("A", speculative=False)

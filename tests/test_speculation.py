@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from spec_helpers import (
     SPEC_MODES,
     LatencyBackend,
+    OneRuleRouter,
     committed,
     fingerprint,
     inputs,
@@ -26,12 +27,13 @@ from spec_helpers import (
 )
 
 from spec_tot._private.compiled import stable_seed
-from spec_tot._private.scoring import RewardRouter, calibrated_lv
-from spec_tot._private.speculation import SpeculationBudget, early_prune_threshold
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.adapters.sim import run_virtual
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ConfigError
+from spec_tot.executor.budget import SpeculationBudget
+from spec_tot.executor.pruning import early_prune_threshold
+from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import Capabilities, RewardItem
@@ -69,7 +71,7 @@ async def run(
 
 # -- EP --------------------------------------------------------------------------------------
 def _node(seq: int, reward: float | None, *, terminal: bool = False, status: Any = None) -> Node:
-    node = Node(id=f"q/{seq}", parent=None, depth=1, seq=seq, reward=reward, terminal=terminal)
+    node = Node(id=f"q/{seq}", parent=None, depth=1, key=(seq,), reward=reward, terminal=terminal)
     node.status = status or NodeStatus.SCORED
     return node
 
@@ -254,6 +256,31 @@ async def test_t3_stop_leaves_no_node_running() -> None:
     assert backend.num_inflight == 0
     stuck = [(n.id, n.status) for r in batch.results for n in r.tree.nodes() if not n.status.final]
     assert stuck == []
+
+
+def _terminal(tree: Any, answer: str, reward: float) -> None:
+    node = tree.add_child(tree.root)
+    node.status, node.terminal, node.answer, node.reward = NodeStatus.SCORED, True, answer, reward
+
+
+@pytest.mark.parametrize(("vote", "stops"), [("best", False), ("majority", True)])
+def test_t3_stops_only_on_the_lead_of_the_answer_the_policy_returns(vote: str, stops: bool) -> None:
+    """Terminals A, A, A at 0.6 and B at 0.9: A leads by cumulative reward. Beam voting
+    "best" answers B, so T3 must not stop on A's lead; voting "majority" answers A, so it
+    may."""
+    from spec_tot.executor.pruning import should_terminate
+    from spec_tot.policies import create_policy
+    from spec_tot.tree import SearchTree
+
+    tree = SearchTree("q", "question")
+    for answer, reward in (("A", 0.6), ("A", 0.6), ("A", 0.6), ("B", 0.9)):
+        _terminal(tree, answer, reward)
+    policy = create_policy("beam", n=4, width=2, vote=vote)
+    answer = policy.answer(tree)
+    assert answer is not None and answer.text == ("B" if vote == "best" else "A")
+    assert should_terminate(tree, 4, 0.5, answer.text) is stops
+    assert not should_terminate(tree, 4, 0.5, None)
+    assert not should_terminate(tree, 5, 0.5, "A")  # too few answers yet
 
 
 def test_t3_is_opt_in() -> None:
@@ -450,7 +477,7 @@ def submit(
 async def test_lv_token_threshold_triggers_a_flush() -> None:
     scorer = CountingScorer()
     router, node = (
-        RewardRouter(None, MetricsRecorder(), lv(token_threshold=10)),
+        OneRuleRouter(lv(token_threshold=10)),
         reward_node(scorer),
     )
     tasks = [submit(router, node, f"q/{i}", words=3, spec=False) for i in range(3)]  # 9 tokens
@@ -465,7 +492,7 @@ async def test_lv_token_threshold_triggers_a_flush() -> None:
 async def test_lv_complete_sibling_group_triggers_a_flush() -> None:
     """SpecScale's pooled LV (``defer_speculative=False``): speculative items ride along."""
     scorer = CountingScorer()
-    router = RewardRouter(None, MetricsRecorder(), lv(defer_speculative=False))
+    router = OneRuleRouter(lv(defer_speculative=False))
     node = reward_node(scorer)
     for _ in range(3):
         router.segment_started("q", speculative=False)
@@ -483,7 +510,7 @@ async def test_lv_complete_sibling_group_triggers_a_flush() -> None:
 
 async def test_lv_group_counts_branches_that_ended_unscored() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv()), reward_node(scorer)
+    router, node = OneRuleRouter(lv()), reward_node(scorer)
     for _ in range(2):
         router.segment_started("q", speculative=False)
     task = submit(router, node, "q/0", spec=False)
@@ -497,7 +524,7 @@ async def test_lv_group_counts_branches_that_ended_unscored() -> None:
 
 async def test_lv_deferral_limit_triggers_a_flush() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv(max_deferrals=2)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(max_deferrals=2)), reward_node(scorer)
     tasks = [submit(router, node, "q/0", spec=False)]
     await settle()
     tasks.append(submit(router, node, "q/1", spec=False))
@@ -515,7 +542,7 @@ def test_lv_counts_one_deferral_per_clock_instant() -> None:
 
     async def main() -> list[list[str]]:
         scorer = CountingScorer()
-        router = RewardRouter(None, MetricsRecorder(), lv(max_deferrals=2))
+        router = OneRuleRouter(lv(max_deferrals=2))
         node = reward_node(scorer)
         tasks = [submit(router, node, f"q/{i}", spec=False) for i in range(1)]
         for i in range(1, 4):  # three more ticks, virtual clock standing still
@@ -538,7 +565,7 @@ def test_lv_counts_one_deferral_per_clock_instant() -> None:
 
 async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv(max_wait_s=0.02)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(max_wait_s=0.02)), reward_node(scorer)
     loop = asyncio.get_running_loop()
     started = loop.time()
     result = await asyncio.wait_for(submit(router, node, "q/0", spec=False), timeout=1.0)
@@ -549,7 +576,7 @@ async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
 
 async def test_lv_speculative_backlog_triggers_a_flush() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv(spec_flush=3)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(spec_flush=3)), reward_node(scorer)
     router.segment_started("q", speculative=False)
     committed_task = submit(router, node, "q/c", spec=False)
     await settle()
@@ -569,7 +596,7 @@ async def test_lv_speculative_backlog_triggers_a_flush() -> None:
 async def test_lv_batches_across_queries_and_records_calls() -> None:
     scorer = CountingScorer()
     recorder = MetricsRecorder()
-    router, node = RewardRouter(None, recorder, lv(token_threshold=4)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(token_threshold=4), recorder), reward_node(scorer)
     tasks = [submit(router, node, f"q{i}/0", words=1, spec=False) for i in range(4)]
     await settle()
     assert scorer.batches == [["q0/0", "q1/0", "q2/0", "q3/0"]]
@@ -581,7 +608,7 @@ async def test_lv_defers_speculative_items_until_their_branch_is_confirmed() -> 
     """Default LV: speculative items never make a batch due, never ride along, and are
     scored once adopted; a pruned one is never scored at all."""
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv(token_threshold=4)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(token_threshold=4)), reward_node(scorer)
     for _ in range(2):
         router.segment_started("q", speculative=True)
     kept = submit(router, node, "q/0/0", words=5)  # 5 tokens >= 4: would be due if counted
@@ -603,7 +630,7 @@ async def test_lv_defers_speculative_items_until_their_branch_is_confirmed() -> 
 
 async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), "round"), reward_node(scorer)
+    router, node = OneRuleRouter("round"), reward_node(scorer)
     for _ in range(2):
         router.segment_started("q", speculative=False)
     first = submit(router, node, "q/0", spec=False)
@@ -615,7 +642,7 @@ async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None
     await asyncio.gather(first, second)
 
     eager_scorer = CountingScorer()
-    eager, enode = RewardRouter(None, MetricsRecorder(), "eager"), reward_node(eager_scorer)
+    eager, enode = OneRuleRouter("eager"), reward_node(eager_scorer)
     for _ in range(2):
         eager.segment_started("q", speculative=False)
     task = submit(eager, enode, "q/0", spec=False)
@@ -626,7 +653,7 @@ async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None
 
 async def test_lv_forget_cancels_a_query_pending_items_only() -> None:
     scorer = CountingScorer()
-    router, node = RewardRouter(None, MetricsRecorder(), lv(spec_flush=3)), reward_node(scorer)
+    router, node = OneRuleRouter(lv(spec_flush=3)), reward_node(scorer)
     a = submit(router, node, "qa/0")
     b = submit(router, node, "qb/0")
     await settle()
@@ -644,7 +671,7 @@ async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working()
     """What QueryRunner._adopt does for a running speculative branch, replayed on the router:
     the branch's reward batch is already being scored when the branch is adopted."""
     scorer = CountingScorer(delay=0.01)
-    router = RewardRouter(None, MetricsRecorder(), lv(defer_speculative=False))
+    router = OneRuleRouter(lv(defer_speculative=False))
     node = reward_node(scorer)
     router.segment_started("q", speculative=False)
     router.segment_started("q", speculative=True)
@@ -726,9 +753,7 @@ async def test_lv_time_rules_rest_while_the_engine_is_loaded() -> None:
     wall-clock rules rest; sibling groups and the token threshold still work."""
     scorer = CountingScorer()
     full = [True]
-    router = RewardRouter(
-        None, MetricsRecorder(), lv(max_wait_s=0.01, max_deferrals=1), saturated=lambda: full[0]
-    )
+    router = OneRuleRouter(lv(max_wait_s=0.01, max_deferrals=1), saturated=lambda: full[0])
     node = reward_node(scorer)
     for _ in range(2):
         router.segment_started("q", speculative=False)

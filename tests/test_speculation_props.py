@@ -65,12 +65,18 @@ def schedules(draw: st.DrawFn) -> dict[str, Any]:
         "clock": draw(st.sampled_from(["ticks", "ticks", "ms"])),
         "gen_max": draw(st.sampled_from([0, 3, 12, 40])),
         "reward_max": draw(st.sampled_from([0, 1, 4])),
+        # 3: rewards in {0, 0.5, 1}, so ties are everywhere
+        "score_levels": draw(st.sampled_from([0, 3, 3])),
     }
 
 
 def backend_for(s: dict[str, Any], **extra: Any) -> LatencyBackend:
     config = ScriptedConfig(
-        seed=s["seed"], straggler_rate=s["straggler_rate"], mean_tokens=s["mean_tokens"], **extra
+        seed=s["seed"],
+        straggler_rate=s["straggler_rate"],
+        mean_tokens=s["mean_tokens"],
+        score_levels=s.get("score_levels", 0),
+        **extra,
     )
     if s["clock"] == "ticks":
         gen, reward = (

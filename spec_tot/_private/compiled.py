@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from spec_tot.errors import ExecutionError, GraphValidationError
-from spec_tot.graph import END, START, ConditionalEdge, GraphNode, NodeKind, State
+from spec_tot.nodes import END, START, ConditionalEdge, GraphNode, NodeKind, State
 
 if TYPE_CHECKING:
     from spec_tot.graph import ThoughtGraph

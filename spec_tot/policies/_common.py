@@ -1,8 +1,9 @@
 """Helpers shared by the policies: validation, ranking, softmax width allocation, answer
 votes, and the bookkeeping of outstanding expansions.
 
-Ranking is always by ``(-score, seq)``: higher score first, ties to the node created first,
-so every policy is deterministic for a given tree.
+Ranking is always by ``(-score, key)``: higher score first, ties to the node whose id path
+(``Node.key``, child indices compared as integers) is smallest, so every policy makes the same
+choice for a given tree whatever order its nodes were created or scored in.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def check_aggregation(value: str) -> Aggregation:
 
 
 def rank(nodes: Iterable[Node], score: ScoreFn) -> list[Node]:
-    """Best first; ties broken by creation order."""
-    return sorted(nodes, key=lambda n: (-score(n), n.seq))
+    """Best first; ties broken by the canonical key (the id path)."""
+    return sorted(nodes, key=lambda n: (-score(n), n.key))
 
 
 def expandable(node: Node, max_depth: int) -> bool:

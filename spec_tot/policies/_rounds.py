@@ -68,7 +68,7 @@ class RoundPolicy(SearchPolicy):
             return []
         if not all(self._outstanding.complete(p) for p in self._outstanding.pending):
             return []  # barrier: wait for the slowest sibling of the round
-        round_nodes = sorted(self._round, key=lambda n: n.seq)
+        round_nodes = sorted(self._round, key=lambda n: n.key)
         self._round = []
         self._outstanding = Outstanding()
         self.rounds += 1

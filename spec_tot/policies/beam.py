@@ -5,7 +5,7 @@ huggingface/search-and-learn ``beam_search``).
 - round 0 expands the root with ``n`` children;
 - at the end of every round, terminal SCORED children are completed beams; among the scored
   non-terminal children below ``max_depth``, the top ``k = n // width`` by score (ties to the
-  lower ``seq``) are kept and each is expanded with ``width`` children (<= n per round);
+  smaller id path) are kept and each is expanded with ``width`` children (<= n per round);
 - the search stops once ``n`` beams are completed, or when no child can be kept.
 ``keep_count`` is ``k`` (the round is a top-k, so early pruning keeps the selection).
 ``predict`` speculatively expands the currently top-k scored children of the unfinished round;

@@ -4,7 +4,7 @@ The budget ``n`` is split into ``m = n // width`` independent subtrees:
 - round 0 expands the root with ``m * width`` children; root child ``i`` (creation order)
   founds subtree ``i // width``, so each subtree starts from ``width`` diverse first steps;
 - at the end of every round each live subtree keeps its single best scored child (ties to the
-  lower ``seq``): if that child is terminal, the subtree is complete; if it is expandable it
+  smaller id path): if that child is terminal, the subtree is complete; if it is expandable it
   is expanded with ``width`` children; otherwise (depth limit, or every child failed) the
   subtree ends. This is greedy beam search of width ``width`` per subtree.
 The answer votes over all terminal nodes (default: the best one). ``keep_count`` is ``None``:

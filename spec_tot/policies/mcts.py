@@ -8,7 +8,7 @@ visited, else its reward (the PRM's prior).
 
 Selection descends from the root through SCORED children only (running, speculative,
 cancelled and pruned nodes are never picked): unvisited children first (the best-scored, then
-the lower ``seq``), otherwise the highest UCT value (ties: higher ``q``, then lower ``seq``).
+the smaller id path), otherwise the highest UCT value (ties: higher ``q``, then smaller id path).
 A selected leaf that cannot be expanded (terminal, at ``max_depth``, or already expanded with
 every child failed) is a dead end: the iteration backs up without an expansion. The search
 ends after ``iterations`` iterations, so it always terminates.
@@ -93,6 +93,10 @@ class MCTS(SearchPolicy):
             return math.inf
         return self.q(child) + self.explore(parent, child)
 
+    def best_child(self, parent: Node, kids: Sequence[Node]) -> Node:
+        """The highest UCT; ties: the higher ``q``, then the smaller id path."""
+        return min(kids, key=lambda ch: (-self.uct(parent, ch), -self.q(ch), ch.key))
+
     def select(self, root: Node) -> list[Node]:
         path = [root]
         node = root
@@ -100,7 +104,7 @@ class MCTS(SearchPolicy):
             kids = [c for c in node.children if c.status is NodeStatus.SCORED]
             if not kids:
                 return path
-            node = max(kids, key=lambda ch: (self.uct(node, ch), self.q(ch), -ch.seq))
+            node = self.best_child(node, kids)
             path.append(node)
 
     @staticmethod
@@ -204,7 +208,7 @@ class RStarMCTS(MCTS):
     """rStar (Qi et al. 2024, "Mutual Reasoning Makes Smaller LLMs Stronger Problem-Solvers";
     zhentingqi/rStar ``MCTS_backbone.py``): ``UCT = Q/N + c * sqrt(ln N_parent / N)``,
     ``c = 2``. Only terminal rewards are backed up: after the selected leaf is expanded, the
-    rollout keeps descending (unvisited child first: the best-scored, ties lower ``seq``) and
+    rollout keeps descending (unvisited child first: the best-scored, ties smaller id path) and
     expanding until it reaches a terminal node; then every node of the rollout path, root
     included, gets ``N += 1, Q += r_terminal``. A rollout that dies (all children failed, or
     ``max_depth`` without a terminal) backs up 0. Answer: majority vote over terminals.
@@ -227,7 +231,7 @@ class RStarMCTS(MCTS):
         if not kids:
             self.backup(self._path, 0.0)
             return None
-        nxt = max(kids, key=lambda ch: (self.uct(self._path[-1], ch), self.q(ch), -ch.seq))
+        nxt = self.best_child(self._path[-1], kids)
         self._path.append(nxt)
         if nxt.terminal:
             self.backup(self._path, self.score(nxt))
@@ -313,7 +317,7 @@ class RestMCTS(MCTS):
                 return None
             self._leaf_len = len(self._path)
             leaf = self._path[-1]
-            self._roll = max(kids, key=lambda ch: (self.uct(leaf, ch), self.q(ch), -ch.seq))
+            self._roll = self.best_child(leaf, kids)
             self._best, self._steps, cur = -math.inf, 0, self._roll
         else:  # a greedy rollout step came back
             self._steps += 1

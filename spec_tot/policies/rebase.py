@@ -5,7 +5,7 @@ Round 0 expands the root with ``width`` children. At the end of every round:
 - ``W = width - C`` where ``C`` counts the terminal SCORED nodes so far (finished solutions
   use up the budget); stop when ``W <= 0``;
 - the candidates are the round's scored non-terminal nodes below ``max_depth``, ranked by
-  ``(-score, seq)``; ``p_i = softmax(score_i / temperature)``;
+  ``(-score, id path)``; ``p_i = softmax(score_i / temperature)``;
 - ``w_i = allocate(p, W)``: the largest-remainder rounding of ``W * p_i`` (floors first, the
   units left go to the largest fractional parts, ties to the better-ranked node), so
   ``sum(w_i) == W`` exactly; nodes with ``w_i == 0`` are dropped, the rest expanded ``w_i``.

@@ -1,7 +1,7 @@
 """The original Tree-of-Thoughts BFS (Yao et al. 2023, Algorithm 1): every kept state is
 expanded with ``width`` samples, every new state is valued (the value prompt's score is the
-node's reward), and the ``breadth`` best states of the level are kept (ties to the lower
-``seq``), terminal or not. Kept non-terminal states below ``max_depth`` are expanded next;
+node's reward), and the ``breadth`` best states of the level are kept (ties to the smaller
+id path), terminal or not. Kept non-terminal states below ``max_depth`` are expanded next;
 the search stops when no kept state can be expanded. The answer is the best terminal state.
 ``keep_count`` is ``breadth``; ``predict`` expands the currently top-``breadth`` scored states
 of the unfinished level with utility ``(breadth - rank) / breadth``.

@@ -1,6 +1,6 @@
 """The original Tree-of-Thoughts DFS (Yao et al. 2023, Algorithm 2): expand a state with
 ``width`` samples, value them, and descend into the best child whose value is at least
-``threshold`` (ties to the lower ``seq``); the other good children are tried in rank order
+``threshold`` (ties to the smaller id path); the other good children are tried in rank order
 after the subtree below the first one fails. A state with no good expandable child is a dead
 end: the search backtracks to the next untried sibling (each return to a parent counts as
 one backtrack; more than ``max_backtracks`` ends the search). The search also ends at the

@@ -1,15 +1,11 @@
-"""SPEX T2 (inter-query speculative budget) and T3 (adaptive early termination), and
-SpecScale's early-pruning threshold: small pure pieces the runner calls."""
+"""SPEX T2: the speculative budget shared by the queries on one backend."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spec_tot.tree import Node, NodeStatus, SearchTree
-
-__all__ = ["SpeculationBudget", "early_prune_threshold", "should_terminate"]
+__all__ = ["SpeculationBudget"]
 
 
 @dataclass
@@ -68,42 +64,3 @@ class SpeculationBudget:
     def forget(self, query_id: str) -> None:
         for table in (self.speculative, self.demand, self.launched, self.hits):
             table.pop(query_id, None)
-
-
-def early_prune_threshold(candidates: Sequence[Node], keep: int) -> float | None:
-    """SpecScale EP: with >= ``keep`` non-terminal candidates scored, the k-th best score.
-
-    A non-terminal candidate strictly below it can never be among the policy's top k, so it
-    and its speculative descendants can go. Terminal candidates (finished traces) are never
-    pruned: policies count them apart from the top k.
-    """
-    scores = sorted(
-        (
-            n.reward
-            for n in candidates
-            if n.status is NodeStatus.SCORED and not n.terminal and n.reward is not None
-        ),
-        reverse=True,
-    )
-    if keep < 1 or len(scores) < keep:
-        return None
-    return scores[keep - 1]
-
-
-def should_terminate(tree: SearchTree, min_answers: int, alpha: float) -> bool:
-    """SPEX T3: >= ``min_answers`` answers exist and the top answer's cumulative reward leads
-    the runner-up's by ``alpha`` times the runner-up's mean weight (an answer with no rival
-    needs only the count)."""
-    totals: dict[str, list[float]] = {}
-    for node in tree.terminals():
-        if node.answer is not None and not node.speculative and node.reward is not None:
-            totals.setdefault(node.answer, []).append(node.reward)
-    count = sum(len(v) for v in totals.values())
-    if count < min_answers:
-        return False
-    ranked = sorted((sum(v), len(v)) for v in totals.values())
-    top_sum = ranked[-1][0]
-    if len(ranked) == 1:
-        return True
-    second_sum, second_n = ranked[-2]
-    return top_sum - second_sum >= alpha * (second_sum / second_n)
