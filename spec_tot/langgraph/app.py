@@ -23,10 +23,10 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_async_callback_manager_for_config
 from pydantic import BaseModel
 
+import spec_tot.langgraph._pregel as pregel
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError, UnknownNameError
-from spec_tot.langgraph import _pregel as pregel
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
