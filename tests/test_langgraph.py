@@ -83,6 +83,19 @@ async def test_full_mode_adopts_speculative_branches() -> None:
     assert app.slots.used == 0  # nothing left holding a speculative slot
 
 
+def test_the_examples_run_and_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(tot.main(min_latency_s=0.0, max_latency_s=0.005))
+    lats.main(min_latency_s=0.0, max_latency_s=0.005)
+    out = capsys.readouterr().out.splitlines()
+    tot_lines = [line for line in out if "score=" in line]  # one answer line per puzzle
+    half = len(tot_lines) // 2
+    assert half and tot_lines[:half] == tot_lines[half:]  # LangGraph's and spec-tot's answers
+    lats_runs = [
+        line.split(maxsplit=1)[1] for line in out if line.startswith(("langgraph ", "spec-tot "))
+    ]
+    assert lats_runs[-2] == lats_runs[-1] and "speculative: 0" in out[-1]
+
+
 # -- side effects: never on a speculative or cancelled branch -----------------------------
 class Pool(TypedDict, total=False):
     problem: str

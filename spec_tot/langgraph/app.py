@@ -27,10 +27,11 @@ import spec_tot.langgraph._pregel as pregel
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError, UnknownNameError
+from spec_tot.langgraph.entries import SendOwners, SpeculationSlots
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
-from spec_tot.langgraph.speculation import SendOwners, SpeculationSlots, Speculator
+from spec_tot.langgraph.speculation import Speculator
 
 __all__ = ["SpeculativeGraph", "from_langgraph"]
 
