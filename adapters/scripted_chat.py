@@ -27,6 +27,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from spec_tot.chat_common import cut_at_stop
 from spec_tot.errors import ConfigError
 
 __all__ = ["Responder", "ScriptedChatModel", "echo", "render", "stable_unit"]
@@ -54,13 +55,6 @@ def echo(messages: list[BaseMessage], tools: list[dict[str, Any]], index: int) -
     """The default responder: a short reply derived from the last message."""
     last = messages[-1].text if messages else ""
     return f"reply {int(stable_unit(render(messages), index) * 1000)} to: {last[:40]}"
-
-
-def _cut(text: str, stop: Sequence[str] | None) -> str:
-    for word in stop or ():
-        if word and word in text:
-            text = text[: text.index(word)]
-    return text
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -113,7 +107,7 @@ class ScriptedChatModel(BaseChatModel):
             reply = self.respond(messages, tools, index)
             message = reply if isinstance(reply, AIMessage) else AIMessage(content=reply)
             if stop and isinstance(message.content, str):
-                message = message.model_copy(update={"content": _cut(message.content, stop)})
+                message = message.model_copy(update={"content": cut_at_stop(message.content, stop)})
             words = max(1, len(message.text) // 4)
             usage = {
                 "input_tokens": max(1, len(text) // 4),

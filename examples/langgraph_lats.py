@@ -292,11 +292,12 @@ def best_answer(state: dict[str, Any]) -> str:
     return str(node.get_trajectory(include_reflections=False)[-1].content)
 
 
-def main() -> None:
+def main(min_latency_s: float = 0.01, max_latency_s: float = 0.2) -> None:
     question = "Write a short report on lithium pollution."
     for name in ("langgraph", "spec-tot"):
         log = SearchLog()
-        graph = build_lats_graph(lats_model(), log)
+        model = lats_model(min_latency_s=min_latency_s, max_latency_s=max_latency_s)
+        graph = build_lats_graph(model, log)
         runner = graph.compile() if name == "langgraph" else from_langgraph(graph)
         final = runner.invoke({"input": question})
         print(f"{name:10s} height={final['root'].height} answer={best_answer(final)!r}")

@@ -245,9 +245,9 @@ def best(state: dict[str, Any]) -> str:
     return f"{top.candidate.tokens} score={top.score:.3f} depth={state['depth']}"
 
 
-async def main() -> None:
+async def main(min_latency_s: float = 0.01, max_latency_s: float = 0.2) -> None:
     context: Context = {"max_depth": 6, "k": 5, "beam_size": 3}
-    llm = tot_model()
+    llm = tot_model(min_latency_s=min_latency_s, max_latency_s=max_latency_s)
     graph = build_tot_graph(llm)
     for name, runner in (("langgraph", graph.compile()), ("spec-tot", from_langgraph(graph))):
         started = time.perf_counter()

@@ -83,6 +83,19 @@ async def test_full_mode_adopts_speculative_branches() -> None:
     assert app.slots.used == 0  # nothing left holding a speculative slot
 
 
+def test_the_examples_run_and_agree(capsys: pytest.CaptureFixture[str]) -> None:
+    asyncio.run(tot.main(min_latency_s=0.0, max_latency_s=0.005))
+    lats.main(min_latency_s=0.0, max_latency_s=0.005)
+    out = capsys.readouterr().out.splitlines()
+    tot_lines = [line for line in out if "score=" in line]  # one answer line per puzzle
+    half = len(tot_lines) // 2
+    assert half and tot_lines[:half] == tot_lines[half:]  # LangGraph's and spec-tot's answers
+    lats_runs = [
+        line.split(maxsplit=1)[1] for line in out if line.startswith(("langgraph ", "spec-tot "))
+    ]
+    assert lats_runs[-2] == lats_runs[-1] and "speculative: 0" in out[-1]
+
+
 # -- side effects: never on a speculative or cancelled branch -----------------------------
 class Pool(TypedDict, total=False):
     problem: str
@@ -145,3 +158,76 @@ async def test_tools_never_run_on_speculative_branches(schedule: int) -> None:
         runs[mode] = (sorted(audit.calls), [f["audits"] for f in finals], audit)
     assert runs["full"][:2] == runs["langgraph"][:2]  # the same audits, each once
     assert runs["full"][2].speculative == []
+
+
+# -- ChatSpecTot inside branches: hierarchical ids, priorities, aborts by prefix ------------
+class Beams(TypedDict, total=False):
+    question: str
+    drafts: Annotated[list[str], operator.add]
+    kept: list[str]
+    rounds: Annotated[int, operator.add]
+
+
+def _chat_graph(model: Any) -> StateGraph[Any, Any, Any, Any]:
+    async def think(state: dict[str, Any]) -> dict[str, Any]:
+        reply = await model.ainvoke(f"{state['question']}\n{state['seed']}")
+        return {"drafts": [f"{state['seed']}>{reply.content}"]}
+
+    def pick(state: dict[str, Any]) -> dict[str, Any]:
+        return {"kept": sorted(state["drafts"], key=lambda d: (-len(d), d))[:2], "rounds": 1}
+
+    def fan(state: dict[str, Any]) -> Any:
+        if state["rounds"] >= 4:
+            return END
+        q = state["question"]
+        return [
+            Send("think", {"question": q, "seed": f"{k}|{i}"})
+            for k in state["kept"]
+            for i in (0, 1)
+        ]
+
+    builder = StateGraph(Beams)
+    builder.add_node("think", think, metadata={"spec_tot": {"kind": "thought", "reads": ["seed"]}})
+    builder.add_node("pick", pick, metadata={"spec_tot": {"kind": "select", "top_k": True}})
+    builder.add_conditional_edges(START, lambda s: [Send("think", {**s, "seed": "a"})])
+    builder.add_edge("think", "pick")
+    builder.add_conditional_edges("pick", fan, ["think", END])
+    return builder
+
+
+async def test_chat_spec_tot_requests_carry_the_branch_identity() -> None:
+    from conftest import RecordingBackend
+
+    from spec_tot.adapters.scripted import ScriptedConfig
+    from spec_tot.chat_spec_tot import ChatSpecTot
+    from spec_tot.requests import Priority
+
+    seen: list[tuple[str, Priority, bool]] = []
+
+    class Spy(RecordingBackend):
+        async def generate(self, request: Any) -> Any:
+            seen.append((request.request_id, request.priority, request.speculative))
+            return await super().generate(request)
+
+    config = ScriptedConfig(token_latency_s=0.001, straggler_rate=0.5, mean_tokens=8)
+    baseline = await from_langgraph(
+        _chat_graph(ChatSpecTot(backend=Spy(config), seed=3)), mode="baseline"
+    ).ainvoke({"question": "q"})
+    seen.clear()
+    backend = Spy(config)
+    app = from_langgraph(_chat_graph(ChatSpecTot(backend=backend, seed=3)))
+    result = await app.arun({"question": "q"})
+    assert result.state == baseline  # the same drafts: seeds follow prompts, not ids
+    committed = [s for s in seen if not s[2]]
+    speculative = [s for s in seen if s[2]]
+    assert committed and all(p == Priority.COMMITTED for _, p, _ in committed)
+    assert speculative and all(p == Priority.SPECULATIVE for _, p, _ in speculative)
+    # ids: <run>/<step>/<node>/<task>/<call> on the real path, <run>/spec<k>/<call> ahead of it
+    run = committed[0][0].split("/")[0]
+    assert all(rid.startswith(f"{run}/") for rid, _, _ in seen)
+    assert all(rid.split("/")[2] == "think" for rid, _, _ in committed)
+    assert all(rid.split("/")[1].startswith("spec") for rid, _, _ in speculative)
+    cancelled = [t for t in result.tasks if t.status == "cancelled" and t.node == "think"]
+    if cancelled:  # a cancelled branch is aborted on the backend by its prefix
+        assert any(p.startswith(f"{run}/spec") for p in backend.abort_prefixes)
+    assert backend.num_inflight == 0

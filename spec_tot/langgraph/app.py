@@ -23,14 +23,15 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import ensure_config, get_async_callback_manager_for_config
 from pydantic import BaseModel
 
+import spec_tot.langgraph._pregel as pregel
+from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError, UnknownNameError
-from spec_tot.langgraph import _pregel as pregel
-from spec_tot.langgraph._sync import iterate_in_thread, run_in_thread_if_needed
+from spec_tot.langgraph.entries import SendOwners, SpeculationSlots
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
-from spec_tot.langgraph.speculation import SendOwners, SpeculationSlots, Speculator
+from spec_tot.langgraph.speculation import Speculator
 
 __all__ = ["SpeculativeGraph", "from_langgraph"]
 

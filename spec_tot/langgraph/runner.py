@@ -17,12 +17,13 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
+import spec_tot.langgraph._pregel as pregel
 from spec_tot.branch import BranchContext, current_branch
-from spec_tot.langgraph import _pregel as pregel
 from spec_tot.langgraph._pregel import PregelExecutableTask, World
+from spec_tot.langgraph.entries import Entry, SendOwners
 from spec_tot.langgraph.results import LangGraphMetrics, LangGraphResult, TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
-from spec_tot.langgraph.speculation import Entry, SendOwners, Speculator
+from spec_tot.langgraph.speculation import Speculator
 
 __all__ = ["GraphRun", "Sink"]
 

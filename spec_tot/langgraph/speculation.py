@@ -30,98 +30,20 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from spec_tot.branch import BranchContext
-from spec_tot.errors import ConfigError
-from spec_tot.langgraph._pregel import TASKS, PregelExecutableTask, World, execute
+from spec_tot.langgraph._pregel import PregelExecutableTask, World, execute
+from spec_tot.langgraph.entries import (
+    Entry,
+    SendOwners,
+    SpeculationSlots,
+    equal_inputs,
+    match_key,
+)
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
 
-__all__ = ["Entry", "SendOwners", "SpeculationSlots", "Speculator"]
+__all__ = ["Speculator"]
 
 _SETTLE_TURNS = 4  # event-loop turns a pass waits for runs it has just started
-
-
-@dataclass
-class SpeculationSlots:
-    """How many speculative tasks may run at once, shared by every run of one app."""
-
-    limit: int
-    used: int = 0
-
-    def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ConfigError("max_speculative", f"must be >= 1, got {self.limit}")
-
-    @property
-    def free(self) -> bool:
-        return self.used < self.limit
-
-
-class SendOwners:
-    """Which task wrote each pending ``Send`` (the parent of the task it starts)."""
-
-    def __init__(self) -> None:
-        self._owners: dict[int, tuple[Any, str]] = {}
-
-    def record(self, task: PregelExecutableTask, owner: str) -> None:
-        for chan, value in task.writes:
-            if chan == TASKS:
-                self._owners[id(value)] = (value, owner)  # keep the Send alive: ids stay unique
-
-    def parent(self, world: World, task: PregelExecutableTask) -> str | None:
-        path = task.path
-        if len(path) < 2 or not isinstance(path[1], int):
-            return None
-        sends = world.pending_sends()
-        if path[1] >= len(sends):
-            return None
-        hit = self._owners.get(id(sends[path[1]]))
-        return hit[1] if hit is not None else None
-
-
-@dataclass(eq=False)
-class Entry:
-    """One speculative task: predicted for superstep ``step`` on input ``key``."""
-
-    id: str
-    serial: int  # launch order within the run
-    node: str
-    step: int
-    key: Any
-    task: PregelExecutableTask
-    branch: BranchContext
-    exact: bool  # predicted from the real partial pool through complete steps only
-    parent: str | None
-    started_s: float
-    future: asyncio.Task[Any] | None = None
-    adopted: bool = False
-    cancelled: bool = False
-    holds_slot: bool = False
-    wanted: bool = True  # the latest pass that reached its step still uses it
-    frozen: bool = False  # ``key`` is a private copy (taken before an impure task ran)
-    finished_s: float | None = None
-
-    @property
-    def ok(self) -> bool:
-        f = self.future
-        return f is not None and f.done() and not f.cancelled() and f.exception() is None
-
-    @property
-    def failed(self) -> bool:
-        f = self.future
-        return f is not None and f.done() and not f.cancelled() and f.exception() is not None
-
-
-def _key(role: NodeRole | None, value: Any) -> Any:
-    if role is None or role.reads is None or not isinstance(value, Mapping):
-        return value
-    return {k: (k in value, value.get(k)) for k in role.reads}
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # an input whose __eq__ raises can never be matched
-        return False
 
 
 @dataclass
@@ -218,9 +140,10 @@ class Speculator:
             return
         self._dirty = True
         if self._passing is None or self._passing.done():
-            self._passing = self.loop.create_task(self._passes())
+            self._passing = self.loop.create_task(self._passes(self.loop.time()))
 
-    async def _passes(self) -> None:
+    async def _passes(self, scheduled: float) -> None:
+        self.slots.observe_lag(self.loop.time() - scheduled)
         # One pass at a time; events during a pass ask for one more after it.
         while self._dirty and not self._closed:
             self._dirty = False
@@ -316,7 +239,7 @@ class Speculator:
     ) -> Entry | None:
         """A live run of ``task``'s node on an equal input (predicted for ``step`` when
         given), other than those in ``taken``: equal Sends in one step are separate calls."""
-        key = _key(self.roles.get(task.name), task.input)
+        key = match_key(self.roles.get(task.name), task.input)
         for entry in self.entries:
             if (
                 entry.node == task.name
@@ -324,12 +247,14 @@ class Speculator:
                 and not entry.cancelled
                 and (step is None or entry.step == step)
                 and (taken is None or id(entry) not in taken)
-                and _equal(entry.key, key)
+                and equal_inputs(entry.key, key)
             ):
                 return entry
         return None
 
     def _launch(self, world: World, task: PregelExecutableTask, exact: bool) -> Entry | None:
+        if self.slots.lag_s > self.slots.max_lag_s:
+            return None  # the loop is busy: speculation would slow the real path down
         if not self.slots.free and not self._evict():
             return None
         n = next(self._ids)
@@ -340,7 +265,7 @@ class Speculator:
             serial=n,
             node=task.name,
             step=world.step,
-            key=_key(self.roles.get(task.name), task.input),
+            key=match_key(self.roles.get(task.name), task.input),
             task=task,
             branch=branch,
             exact=exact,
