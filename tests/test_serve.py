@@ -80,16 +80,32 @@ async def test_prefix_abort_reaches_the_engine(served_backend: tuple[Any, str]) 
         await remote.aclose()
 
 
-async def test_classify_returns_the_prm_score_as_a_logit(served_backend: tuple[Any, str]) -> None:
+async def test_classify_scores_the_game24_layout_as_the_prm_does(
+    served_backend: tuple[Any, str],
+) -> None:
+    """The SGLang adapter's reward path (``{question}\\n{steps}``, one step a line, no tags):
+    /classify gives the logit of exactly the score ``LocalBackend.score`` gives the item,
+    for one step and for several, alone and in a batch."""
     backend, url = served_backend
-    items = [RewardItem("a", "1 2 3 4", ("1+2=3 (left: 3 3 4)",))]
+    items = [
+        RewardItem("a", "1 2 3 4", ("1+2=3 (left: 3 3 4)",)),
+        RewardItem("b", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)", "4+9=13")),
+        RewardItem("c", "4 4 6 8", ("4+4=8 (left: 6 8 8)", "", "8/8=1 (left: 1 6)")),
+    ]
     direct = await backend.score(items)
+    texts = [item.question + "\n" + "\n".join(item.steps) for item in items]
     async with httpx.AsyncClient() as client:
-        reply = await client.post(
-            f"{url}/classify", json={"text": ["1 2 3 4\n1+2=3 (left: 3 3 4)"]}
-        )
-    logit = reply.json()[0]["embedding"][0]
-    assert 1 / (1 + math.exp(-logit)) == pytest.approx(direct[0][-1], abs=1e-5)
+        rows = (await client.post(f"{url}/classify", json={"text": texts})).json()
+        one = (await client.post(f"{url}/classify", json={"text": texts[1]})).json()
+    got = [1 / (1 + math.exp(-row["embedding"][0])) for row in rows]
+    assert got == pytest.approx([s[-1] for s in direct], abs=1e-6)
+    assert one["embedding"] == pytest.approx(rows[1]["embedding"], abs=1e-6)
+    remote = create_sglang(urls=[url], dedup=False)  # the adapter's own reward path
+    try:
+        assert await remote.score(items) == [pytest.approx((s[-1],) * len(s), abs=1e-6)
+                                             for s in direct]  # fmt: skip
+    finally:
+        await remote.aclose()
 
 
 async def test_bad_requests_name_the_field(served_backend: tuple[Any, str]) -> None:

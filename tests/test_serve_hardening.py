@@ -93,18 +93,41 @@ async def test_poison_one_bad_request_fails_alone(server: tuple[LocalBackend, st
 
 
 async def test_classify_refuses_what_the_prm_cannot_hold(server: tuple[LocalBackend, str]) -> None:
-    _backend, url = server
+    """Every length is checked before tokenising or allocating (a 1 MB text once tried to
+    allocate ~1 TB for an attention mask); each refusal is a 400 naming the field."""
+    backend, url = server
+    assert backend.prm is not None
+    fits = backend.prm.max_len - len(backend.prm.tag_ids)
     async with httpx.AsyncClient(timeout=60) as client:
         for body, field in (
-            ({"text": "q\n" + "1+2=3\n" * 200_000}, "text"),
+            ({"text": "q\n" + "1+2=3\n" * 200_000}, "text"),  # over the character cap
             ({"text": "q\n" + "1+2=3 (left: 3 3 4)\n" * 40}, "text"),  # > 512 PRM positions
+            ({"text": ["ok", "q\n" + "1+2=3 (left: 3 3 4)\n" * 40]}, "text[1]"),
+            ({"text": "x" * 600}, "text"),  # one line: fits the character cap, not the model
             ({"text": ["q\nstep", 3]}, "text[1]"),
-            ({"text": "only a question"}, "text"),
+            ({"text": [["query", "doc"]]}, "text[0]"),  # cross-encoder pairs: not served
+            ({"text": ""}, "text"),
+            ({"text": []}, "text"),
+            ({"text": ["a"] * 5000}, "text"),
+            ({"text": "a", "input_ids": [5]}, "text"),
+            ({"input_ids": [5] * (fits + 1)}, "input_ids"),
+            ({"input_ids": [[5], [5] * (fits + 1)]}, "input_ids[1]"),
+            ({"input_ids": [5, 999_999]}, "input_ids[1]"),
+            ({"input_ids": [[5], [-1]]}, "input_ids[1][0]"),
+            ({"input_ids": []}, "input_ids"),
+            ({"input_ids": "5 6"}, "input_ids"),
+            ({"text": "a", "sampling_params": 3}, "sampling_params"),
+            ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+            ({"text": ["a", "b"], "rid": ["r", "r"]}, "rid"),
+            ({"text": "a", "image_data": "x.png"}, "image_data"),
+            ({"text": "a", "priority": "high"}, "priority"),
             ({"txt": "q\nstep"}, "txt"),
         ):
             reply = await client.post(f"{url}/classify", json=body)
-            assert reply.status_code == 400, reply.text
-            assert field in reply.json()["error"]["message"]
+            assert reply.status_code == 400, (field, reply.text)
+            assert field in reply.json()["error"]["message"], (field, reply.text)
+        ok = await client.post(f"{url}/classify", json={"input_ids": [5] * fits})
+        assert ok.status_code == 200, ok.text  # the longest that fits is scored
 
 
 async def test_api_key_on_every_route(tiny_llama: Path, tiny_prm: Path) -> None:

@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import RewardItem
 
 from ..backend import LocalBackend
 from .live import LiveRequests
@@ -61,8 +60,6 @@ class ServeContext:
                 max_len=int(engine.max_len),
                 max_prompt_chars=_CHARS_PER_TOKEN_CAP * int(engine.max_len),
             )
-        prm = backend.prm
-        self.prm_max_len = int(prm.loaded.args.max_position_embeddings) if prm else 0
 
     def decode_token(self, token_id: int) -> str:
         engine = self.backend.engine
@@ -85,24 +82,6 @@ class ServeContext:
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-
-    def reward_item(self, text: Any, field: str, index: int) -> RewardItem:
-        """A ``/classify`` text: the question on its first line, then one step per line."""
-        if self.backend.prm is None:
-            raise ConfigError("text", "this server has no reward model (start it with a PRM)")
-        if not isinstance(text, str):
-            raise ConfigError(field, "expected a string")
-        if len(text) > _CHARS_PER_TOKEN_CAP * self.prm_max_len:
-            raise ConfigError(field, f"{len(text)} characters cannot fit the reward model")
-        question, *lines = text.split("\n")
-        steps = tuple(s for s in lines if s.strip())
-        if not steps:
-            raise ConfigError(field, "no step after the question line")
-        item = RewardItem(request_id=f"classify-{index}", question=question, steps=steps)
-        tokens = self.backend.prm.count_tokens(item)
-        if tokens > self.prm_max_len:
-            raise ConfigError(field, f"{tokens} tokens; the reward model holds {self.prm_max_len}")
-        return item
 
     async def flush_prefix_cache(self) -> bool:
         return await self.backend.flush_prefix_cache()
