@@ -80,6 +80,34 @@ async def test_prefix_abort_reaches_the_engine(served_backend: tuple[Any, str]) 
         await remote.aclose()
 
 
+async def test_a_client_that_goes_away_aborts_its_samples(
+    served_backend: tuple[Any, str],
+) -> None:
+    """A non-streamed /generate or /v1/completions whose client disconnects stops every one
+    of its samples in the engine (SGLang aborts on disconnect too)."""
+    backend, url = served_backend
+    long = {"ignore_eos": True, "temperature": 1.0}
+    for path, body, samples in (
+        ("/generate", {"text": "1 2 3 4\n", "sampling_params": {**long, "n": 3,
+                                                                 "max_new_tokens": 1500}}, 3),
+        ("/v1/completions", {"model": "default", "prompt": "1 2 3 4\n", "n": 2,
+                             "max_tokens": 1500, "temperature": 1.0}, 2),
+    ):  # fmt: skip
+        before = backend.stats()["num_generated_tokens"]
+        async with httpx.AsyncClient(timeout=60) as client:
+            call = asyncio.create_task(client.post(url + path, json=body))
+            while backend.num_inflight < samples:
+                await asyncio.sleep(0.005)
+            call.cancel()  # the connection closes under the running request
+            await asyncio.gather(call, return_exceptions=True)
+        for _ in range(400):
+            if backend.num_inflight == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert backend.num_inflight == 0, path
+        assert backend.stats()["num_generated_tokens"] - before < samples * 1500, path
+
+
 async def test_classify_scores_the_game24_layout_as_the_prm_does(
     served_backend: tuple[Any, str],
 ) -> None:

@@ -44,6 +44,12 @@ async def read_json(request: Request) -> Any:
         raise ConfigError("body", f"not valid JSON ({exc})") from None
 
 
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (ignoring anything but ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class ServeContext:
     def __init__(self, backend: LocalBackend, model_path: str, model_name: str) -> None:
         self.backend = backend
@@ -67,21 +73,23 @@ class ServeContext:
 
     # -- running ---------------------------------------------------------------------------
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
-        """Await ``work``; a client that goes away cancels it (and so aborts its samples)."""
+        """Await ``work``; a client that goes away cancels it (and so aborts its samples).
+
+        The body has been read, so the server's next message is ``http.disconnect``: one
+        waiter per request, no polling (a timer per request woke the event loop hundreds of
+        times a second under load, and each wake-up waits for the GIL the engine holds)."""
         task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.05)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    raise asyncio.CancelledError
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise asyncio.CancelledError
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            for pending in (task, gone):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
 
     async def flush_prefix_cache(self) -> bool:
         return await self.backend.flush_prefix_cache()
