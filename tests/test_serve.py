@@ -13,9 +13,10 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import torch
 from engine_fixtures import step_graph, tiny_llama, tiny_prm
-from serve_helpers import served
+from serve_helpers import served, settle
 
 from spec_tot import ExecutorConfig, SamplingParams, ThoughtGraph
 from spec_tot.adapters.local import create_local
@@ -29,7 +30,12 @@ __all__ = ["tiny_llama", "tiny_prm"]
 torch.set_num_threads(1)
 
 
-@pytest.fixture
+# One engine and server for the module (each costs a start-up); every test still ends with
+# nothing running and every KV block free (``clean``).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def served_backend(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[Any, str]]:
     backend = create_local(policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8)
     try:
@@ -37,6 +43,12 @@ async def served_backend(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tupl
             yield backend, url
     finally:
         await backend.aclose()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def clean(served_backend: tuple[Any, str]) -> AsyncIterator[None]:
+    yield
+    await settle(served_backend[0])
 
 
 def _request(rid: str, seed: int, max_tokens: int = 12) -> GenerateRequest:

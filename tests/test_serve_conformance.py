@@ -35,9 +35,10 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import torch
 from engine_fixtures import tiny_llama, tiny_prm
-from serve_helpers import served
+from serve_helpers import served, settle
 
 from spec_tot.adapters.local import LocalBackend, create_local
 from spec_tot.adapters.local.serve import Limits, parse_generate
@@ -52,7 +53,12 @@ META = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tok
         "weight_version"}  # fmt: skip
 
 
-@pytest.fixture
+# One engine and server for the module; every test still ends with nothing running and
+# every KV block free (``clean``).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalBackend, str]]:
     backend = create_local(policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8)
     try:
@@ -60,6 +66,12 @@ async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalB
             yield backend, url
     finally:
         await backend.aclose()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def clean(server: tuple[LocalBackend, str]) -> AsyncIterator[None]:
+    yield
+    await settle(server[0])
 
 
 def _sample(out: dict[str, Any], rid: str) -> None:
