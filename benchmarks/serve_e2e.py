@@ -7,7 +7,13 @@ as a separate process on 127.0.0.1, runs the executor over the SGLang adapter (g
 puzzles, seeds and mode on the embedded backend directly, and compares answers and solve
 rates.
 
+``--keepalive-rounds R`` then runs the SGLang path R more times with the HTTP pool's own
+client (no keep-alive) and with an httpx client that keeps connections alive, interleaved,
+and reports the wall-time ratio: httpcore 1.0.9 hands one idle keep-alive connection to every
+request of a burst, which is why the pool opens a connection per request.
+
     python benchmarks/serve_e2e.py --queries 20 --mode baseline --json serve.json
+    python benchmarks/serve_e2e.py --queries 10 --keepalive-rounds 3
 """
 
 from __future__ import annotations
@@ -24,9 +30,10 @@ from typing import Any
 
 import httpx
 
+from spec_tot.adapters._http import EndpointPool
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.openai_compat import create_openai
-from spec_tot.adapters.sglang import create_sglang
+from spec_tot.adapters.sglang import SGLangBackend, SGLangConfig, create_sglang
 from spec_tot.config import ExecutorConfig
 from spec_tot.graphs import game24_task as task
 from spec_tot.graphs.game24 import compile_game24, game24_inputs
@@ -55,7 +62,13 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 12
 async def _over_http(args: argparse.Namespace, url: str, api: str) -> tuple[Any, float]:
     config = ExecutorConfig(mode=args.mode, seed=args.seed, max_concurrency=args.concurrency)
     rewards = create_sglang(urls=[url], dedup=False, reward_per_step=True)
-    if api == "sglang":
+    if api == "sglang-keepalive":  # the same adapter over a client that keeps connections
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        client = httpx.AsyncClient(timeout=600.0, limits=limits)
+        pool = EndpointPool([url], client=client)
+        await rewards.aclose()
+        rewards = SGLangBackend(SGLangConfig(urls=(url,), dedup=False, reward_per_step=True), pool)
+    if api.startswith("sglang"):
         gen: Any = rewards
     else:
         gen = create_openai(urls=[url], model="default", stream=True)
@@ -67,6 +80,8 @@ async def _over_http(args: argparse.Namespace, url: str, api: str) -> tuple[Any,
         if gen is not rewards:
             await gen.aclose()
         await rewards.aclose()
+        if api == "sglang-keepalive":
+            await rewards.pool.http.aclose()  # a client the pool was given stays open
     return batch, time.perf_counter() - started
 
 
@@ -93,6 +108,19 @@ async def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
         "seed": args.seed,
         "direct": {"solved": direct_batch.metrics.solved, "wall_s": direct_wall},
     }
+    walls: dict[str, list[float]] = {"sglang": [], "sglang-keepalive": []}
+    for _ in range(args.keepalive_rounds):
+        for api in walls:
+            batch, wall = await _over_http(args, url, api)
+            same = sum(a.answer == b.answer for a, b in zip(batch.results, direct_batch.results,
+                                                             strict=True))  # fmt: skip
+            walls[api].append(wall)
+            report.setdefault("keepalive", {}).setdefault(f"{api}_same_answers", []).append(same)
+    if args.keepalive_rounds:
+        report["keepalive"]["wall_s"] = walls
+        report["keepalive"]["ratio_keepalive_over_fresh"] = sum(walls["sglang-keepalive"]) / sum(
+            walls["sglang"]
+        )
     for api, (batch, wall) in runs.items():
         same = sum(
             a.answer == b.answer for a, b in zip(batch.results, direct_batch.results, strict=True)
@@ -114,6 +142,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--saturation-batch", type=int, default=32)
+    parser.add_argument("--keepalive-rounds", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     port = _free_port()
@@ -139,6 +168,13 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
     q = args.queries
+    if args.keepalive_rounds:
+        ka = report["keepalive"]
+        print(
+            f"summary: sglang path, {args.keepalive_rounds} interleaved rounds: keep-alive "
+            f"client {ka['ratio_keepalive_over_fresh']:.2f}x the wall time of the pool's "
+            "fresh connections (denominator: fresh connections)"
+        )
     print(
         f"summary: {args.search}/{args.mode}: direct solved {report['direct']['solved']}/{q}; "
         + "; ".join(
