@@ -20,7 +20,6 @@ __all__ = ["MAX_BODY_BYTES", "BodyTooLarge", "ServeContext", "read_json"]
 
 T = TypeVar("T")
 MAX_BODY_BYTES = 32 << 20
-_CHARS_PER_TOKEN_CAP = 16  # no tokenizer packs more characters in a token than this
 
 
 class BodyTooLarge(ValueError):
@@ -64,7 +63,8 @@ class ServeContext:
             self.limits = Limits(
                 vocab_size=int(engine.loaded.args.vocab_size),
                 max_len=int(engine.max_len),
-                max_prompt_chars=_CHARS_PER_TOKEN_CAP * int(engine.max_len),
+                # the engine's own bound: its longest token's characters per position
+                max_prompt_chars=int(engine.validator.max_chars),
             )
 
     def decode_token(self, token_id: int) -> str:
