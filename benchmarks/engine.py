@@ -1,8 +1,17 @@
-"""Embedded engine throughput vs transformers (static ``generate`` and continuous batching).
+"""Embedded engine throughput, two workloads, one process, variants interleaved.
 
-Same model (a random-init 4-layer, 128-wide Llama unless ``--model PATH``), same prompts,
-greedy, a fixed number of new tokens (no eos), batch sizes 1, 4, 16, 64, one timed run each
-after a small warm-up. Output tokens per second, JSON via ``--json PATH``, one summary line.
+1. **Static batches** vs transformers' static ``generate``: the same model (a random-init
+   4-layer, 128-wide Llama unless ``--model PATH``), the same prompts, greedy, a fixed number
+   of new tokens (EOS ignored), batch sizes 1..64. For each batch the variants run in turn,
+   ``--repeats`` rounds; each keeps its best round (noise on a shared machine only slows).
+2. **Stream of short requests**: 32 long requests decode while short requests (20 new
+   tokens each, ToT-child-sized prompts) arrive, a fixed number in flight (a closed loop:
+   a new one as soon as one finishes), until ``--short`` of them are done. Mixed steps
+   (``mixed_steps=True``) vs the all-prefill / all-decode scheduler (``False``), same model,
+   same requests, engines built once; output tokens per second over the whole run.
+
+Output tokens per second, JSON via ``--json PATH``, one summary line. ``uptime``'s load is
+recorded beside the figures.
 
     python benchmarks/engine.py --json /tmp/engine.json
 """
@@ -11,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -47,13 +57,11 @@ def _prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 48))] for _ in range(batch)]
 
 
-def make_ours(hf: Any) -> Callable[[Any, list[list[int]], int], int]:
-    """Our engine, built once outside the timed region (a server keeps it warm), running
-    greedy fixed-length requests to completion."""
+def make_engine(hf: Any, **options: Any) -> Any:
+    """Our engine, built once outside the timed region (a server keeps it warm)."""
     from spec_tot.adapters.local.config import EngineConfig
     from spec_tot.adapters.local.engine import LLMEngine
     from spec_tot.adapters.local.loader import from_hf_model
-    from spec_tot.requests import GenerateRequest, SamplingParams
 
     config = EngineConfig(
         model_config={},
@@ -61,11 +69,19 @@ def make_ours(hf: Any) -> Callable[[Any, list[list[int]], int], int]:
         num_kv_blocks=1024,
         max_num_seqs=128,
         max_model_len=1024,
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=options.pop("max_num_batched_tokens", 2048),
         saturation_batch=32,
-        enable_prefix_caching=False,  # nothing to share here; keep the comparison plain
+        enable_prefix_caching=options.pop("enable_prefix_caching", False),
+        **options,
     )
-    engine = LLMEngine(config, from_hf_model(hf, "cpu", torch.float32))
+    return LLMEngine(config, from_hf_model(hf, "cpu", torch.float32))
+
+
+def make_ours(hf: Any, **options: Any) -> Callable[[Any, list[list[int]], int], int]:
+    """Greedy fixed-length requests run to completion on one engine."""
+    from spec_tot.requests import GenerateRequest, SamplingParams
+
+    engine = make_engine(hf, **options)
     counter = iter(range(10**9))
 
     def run(_hf: Any, prompts: list[list[int]], new: int) -> int:
@@ -96,83 +112,118 @@ def run_static(hf: Any, prompts: list[list[int]], new: int) -> int:
     return int((out.shape[1] - width) * len(prompts))
 
 
-def run_cb(hf: Any, prompts: list[list[int]], new: int) -> int:
-    from transformers import GenerationConfig
+def stream_workload(engine: Any, vocab: int, *, short: int, in_flight: int, long: int) -> float:
+    """Tokens per second of ``long`` decoding requests plus a closed loop of short ones."""
+    from spec_tot.requests import GenerateRequest, SamplingParams
 
-    config = GenerationConfig(
-        max_new_tokens=new,
-        min_new_tokens=new,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    with torch.inference_mode():
-        # persistent manager: its set-up (seconds on CPU) is paid once, in the warm-up
-        out = hf.generate_batch(
-            inputs=prompts, generation_config=config, progress_bar=False, persistent_manager=True
-        )
-    return sum(len(o.generated_tokens) for o in out.values())
+    rng = random.Random(7)
+    stem = [rng.randrange(3, vocab) for _ in range(48)]
+    long_params = SamplingParams(temperature=0.0, max_tokens=10**4 // 16, ignore_eos=True)
+    short_params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    for i in range(long):
+        ids = tuple(rng.randrange(3, vocab) for _ in range(64))
+        engine.add_request(GenerateRequest(f"long/{i}", long_params, prompt_ids=ids))
+    engine.step()  # the long requests' prompts: not part of the stream
+    started, sent, done, tokens = time.perf_counter(), 0, 0, 0
+    while done < short:
+        # one arrival a step until ``in_flight`` run (then one as each finishes): arrivals
+        # stay spread over the steps, as children of a search arrive
+        if sent - done < in_flight and sent < short:
+            tail = tuple(rng.randrange(3, vocab) for _ in range(16))
+            ids = tuple(stem) + tail  # a ToT child: the question, then its own steps
+            engine.add_request(GenerateRequest(f"short/{sent}", short_params, prompt_ids=ids))
+            sent += 1
+        for result in engine.step():
+            done += result.request_id.startswith("short/")
+            tokens += sum(c.num_tokens for c in result.completions)
+    elapsed = time.perf_counter() - started
+    tokens += sum(c.num_tokens for r in engine.abort("long") for c in r.completions)
+    return tokens / elapsed
 
 
-def _time(fn: Callable[..., int], *args: Any) -> float:
-    start = time.perf_counter()
-    tokens = fn(*args)
-    return tokens / (time.perf_counter() - start)
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _best(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
+    """Each variant's best of ``repeats`` rounds, the variants interleaved in each round."""
+    best = dict.fromkeys(fns, 0.0)
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            best[name] = max(best[name], fn())
+    return {k: round(v, 1) for k, v in best.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None, help="local HF folder (default: random 4x128)")
-    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--skip-cb", action="store_true", help="skip transformers' CB")
-    parser.add_argument("--repeats", type=int, default=3, help="best of N timed runs")
+    parser.add_argument("--repeats", type=int, default=3, help="best of N rounds")
+    parser.add_argument("--short", type=int, default=96, help="short requests in the stream")
+    parser.add_argument("--in-flight", type=int, default=8, help="short requests at a time")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf = _hf_model(args.model)
     vocab = hf.config.vocab_size
-    methods: dict[str, Callable[..., int]] = {"ours": make_ours(hf), "static": run_static}
-    if not args.skip_cb:
-        methods["transformers_cb"] = run_cb
-    batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, dict[str, float]] = {str(b): {} for b in batches}
-    # One method at a time, CB last: its persistent manager keeps a thread alive that would
-    # otherwise compete with the others. Best of ``--repeats`` runs: noise only slows down.
-    for name, fn in methods.items():
-        try:
-            fn(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
-        except Exception as exc:  # an API missing in this transformers: report, go on
-            print(f"{name}: unavailable ({exc!r})")
-            continue
-        for batch in batches:
-            prompts = _prompts(batch, vocab, batch)
-            best = max(_time(fn, hf, prompts, args.new_tokens) for _ in range(args.repeats))
-            results[str(batch)][name] = round(best, 1)
-    for batch in batches:
-        print(
-            f"batch {batch:3d}: "
-            + "  ".join(f"{n} {v:8.1f} tok/s" for n, v in results[str(batch)].items())
+    ours = make_ours(hf)
+    ours(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
+    run_static(hf, _prompts(2, vocab, 99), 4)
+    load_before = _load()
+    static: dict[str, dict[str, float]] = {}
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompts = _prompts(batch, vocab, batch)
+
+        def timed(fn: Callable[..., int], prompts: list[list[int]] = prompts) -> float:
+            start = time.perf_counter()
+            tokens = fn(hf, prompts, args.new_tokens)
+            return tokens / (time.perf_counter() - start)
+
+        static[str(batch)] = _best(
+            {"ours": lambda: timed(ours), "static": lambda: timed(run_static)}, args.repeats
         )
-    ratios = {
-        b: {k: round(r["ours"] / r[k], 2) for k in r if k != "ours"} for b, r in results.items()
+        print(f"batch {batch:3d}: {static[str(batch)]}  (load {_load()})", flush=True)
+    # the stream's children share their question: prefix caching on, as a search runs
+    engines = {
+        "mixed": make_engine(hf, enable_prefix_caching=True),
+        "legacy": make_engine(hf, mixed_steps=False, enable_prefix_caching=True),
     }
+    stream = _best(
+        {
+            name: lambda e=engine: stream_workload(
+                e, vocab, short=args.short, in_flight=args.in_flight, long=32
+            )
+            for name, engine in engines.items()
+        },
+        args.repeats,
+    )
+    print(f"stream: {stream}  (load {_load()})")
+    ratios = {b: round(r["ours"] / r["static"], 2) for b, r in static.items()}
+    stream_ratio = round(stream["mixed"] / stream["legacy"], 2)
     summary = {
-        "results_tok_s": results,
-        "ratios_ours_over": ratios,
+        "static_tok_s": static,
+        "ratio_ours_over_static": ratios,
+        "stream_tok_s": stream,
+        "ratio_mixed_over_legacy": stream_ratio,
         "threads": args.threads,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
+        "stream": {"short": args.short, "in_flight": args.in_flight, "long": 32},
         "model": args.model or "random llama 4x128",
+        "load_before": load_before,
+        "load_after": _load(),
     }
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)
-    line = "; ".join(
-        f"b{b}: " + ", ".join(f"{v}x vs {k}" for k, v in r.items()) for b, r in ratios.items()
+    line = ", ".join(f"b{b} {r}x" for b, r in ratios.items())
+    print(
+        f"engine / transformers static generate (tok/s, best of {args.repeats}): {line}; "
+        f"stream of short requests, mixed / all-prefill-or-decode steps: {stream_ratio}x "
+        f"(load {load_before} -> {_load()})"
     )
-    print(f"engine throughput ratio (ours / baseline): {line}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
-import inspect
 import ipaddress
 import os
 import shutil
@@ -265,8 +264,6 @@ def build_server(
     if api_key is not None:
         if not api_key.strip():
             raise ConfigError("--api-key", f"must not be empty (check ${API_KEY_ENV})")
-        if "api_key" not in inspect.signature(create_server_app).parameters:
-            raise ConfigError("--api-key", "this spec-tot's server has no API key support")
         extra["api_key"] = api_key
     if port is not None:
         check_bind(host, port)

@@ -219,15 +219,6 @@ def test_serve_reads_the_api_key_from_its_env_var(
     assert code == 2 and f"--api-key: must not be empty (check ${cli.API_KEY_ENV})" in one_line(err)
 
 
-def _server_takes_api_key() -> bool:
-    import inspect
-
-    from spec_tot.adapters.local.serve import create_server_app
-
-    return "api_key" in inspect.signature(create_server_app).parameters
-
-
-@pytest.mark.skipif(not _server_takes_api_key(), reason="waits for the server track's api_key")
 async def test_serve_api_key_reaches_the_server(tiny_llama: Path) -> None:
     import httpx
 

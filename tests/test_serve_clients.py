@@ -70,6 +70,13 @@ def test_sglang_runtime_endpoint_gen_fork_stream_and_run_batch(url: str) -> None
         num_threads=2,
     )
     assert [s.text()[:8] for s in states] == ["1 1 1 1\n", "2 2 2 2\n", "3 3 3 3\n"]
+
+    @sgl.function
+    def pick(s):  # type: ignore[no-untyped-def]
+        s += "1 2 3 4\n" + sgl.select("op", choices=["1+2=3", "4*3=12", "2-1=1"])
+
+    # select: a max_new_tokens 0 prefill, then batched prompt logprobs from logprob_start_len
+    assert pick.run(backend=backend)["op"] in ("1+2=3", "4*3=12", "2-1=1")
     backend.flush_cache()  # POST /flush_cache
 
 

@@ -251,3 +251,30 @@ async def test_openai_objects(server: tuple[LocalBackend, str]) -> None:
             lines = [x async for x in reply.aiter_lines() if x.startswith("data:")]
         streamed = "".join(json.loads(x[5:])["choices"][0]["text"] for x in lines[:-2])
         assert streamed == plain["choices"][0]["text"] and isinstance(text, str)
+
+
+async def test_logprobs_prefill_only_and_min_tokens(server: tuple[LocalBackend, str]) -> None:
+    _backend, url = server
+    async with httpx.AsyncClient(timeout=60) as c:
+        out = (await c.post(f"{url}/generate", json={
+            "input_ids": [5, 6, 7, 8], "return_logprob": True, "top_logprobs_num": 2,
+            "token_ids_logprob": [9, 10], "logprob_start_len": 0, "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 3, "min_new_tokens": 3, "ignore_eos": True,
+                                "temperature": 0}})).json()  # fmt: skip
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 3 and meta["output_token_logprobs_length"] == 3
+        for lp, tok, text in meta["output_token_logprobs"]:
+            assert lp <= 0 and isinstance(tok, int) and isinstance(text, str)
+        assert [e[1] for e in meta["output_token_logprobs"]] == out["output_ids"]
+        assert all(len(top) == 2 for top in meta["output_top_logprobs"])
+        assert [[e[1] for e in g] for g in meta["output_token_ids_logprobs"]] == [[9, 10]] * 3
+        assert len(meta["input_token_logprobs"]) == 4
+        assert meta["input_token_logprobs"][0][0] is None  # the first prompt token has none
+        prefill = (
+            await c.post(
+                f"{url}/generate",
+                json={"text": "1 2 3 4\n", "sampling_params": {"max_new_tokens": 0}},
+            )
+        ).json()
+        assert prefill["text"] == "" and prefill["output_ids"] == []
+        assert prefill["meta_info"]["completion_tokens"] == 0

@@ -35,7 +35,7 @@ class SparseMeta:
     pattern: torch.Tensor  # sparse CSR, zero values
     crow: torch.Tensor
     cols: torch.Tensor
-    mask: torch.Tensor  # [n * Hq, width] additive 0 / -inf
+    mask: torch.Tensor  # [n, 1, width] additive 0 / -inf (the same for every head)
     width: int
     num_rows: int
 
@@ -66,7 +66,7 @@ def sparse_attention(
     scores = torch.sparse.sampled_addmm(
         meta.pattern, q.reshape(n * heads, dim), k_flat.t(), beta=0.0, alpha=scale
     ).values()
-    probs = torch.softmax(scores.view(n * heads, meta.width) + meta.mask, dim=-1)
+    probs = torch.softmax(scores.view(n, heads, meta.width) + meta.mask, dim=-1)
     weights = torch.sparse_csr_tensor(
         meta.crow, meta.cols, probs.view(-1), size=meta.pattern.shape, check_invariants=False
     )

@@ -159,19 +159,27 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return not self._needs_block(seq) or len(self._free) > 0
 
-    def may_append(self, seq: Sequence) -> None:
-        pos = len(seq) - 1
-        index = pos // self.block_size
-        if index >= len(seq.block_table):
-            seq.block_table.append(self._pop_free())
-            return
-        old = seq.block_table[index]
-        if self.blocks[old].ref_count > 1:  # copy-on-write of a shared partial block
-            new = self._pop_free()
+    def reserve_slot(self, seq: Sequence) -> bool:
+        """Room for the token at position len-1 (a new block, or a private copy of a shared
+        partial one); False, changing nothing, when no block is free."""
+        table = seq.block_table
+        index = (len(seq.token_ids) - 1) // self.block_size
+        if index < len(table):
+            old = table[index]
+            if self.blocks[old].ref_count == 1:
+                return True
+            if not self._free:
+                return False
+            new = self._pop_free()  # copy-on-write of a shared partial block
             self.cow_pairs.append((old, new))
             self._release(old)
-            seq.block_table[index] = new
+            table[index] = new
             self.num_cow_copies += 1
+            return True
+        if not self._free:
+            return False
+        table.append(self._pop_free())
+        return True
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (copy-on-write at the next write)."""

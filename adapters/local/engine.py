@@ -263,8 +263,10 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
+        bs = self.block_manager.block_size
         for row in plan.rows:
-            self.block_manager.publish(row.seq, row.end)
+            if row.end // bs > row.seq.num_hashed_blocks:  # a block filled in this step
+                self.block_manager.publish(row.seq, row.end)
         cow = self.block_manager.take_cow_pairs()
         logit_plan = self._logit_plan(plan)
         try:
@@ -278,13 +280,19 @@ class LLMEngine:
         return finished
 
     def _logit_plan(self, plan: StepPlan) -> _LogitPlan:
-        tokens: list[int] = []
-        samples: list[Sequence] = []
+        # A decode row is one token and always samples; its position is past the prompt
+        # (a prompt's last token is its own row only when all before it are computed).
+        num_decode = plan.num_decode
+        tokens = list(range(num_decode))
+        samples = [row.seq for row in plan.rows[:num_decode]]
+        empty = [s for s in samples if s.params.max_tokens == 0 and len(s) == s.num_prompt_tokens]
+        if empty:  # a prompt of max_tokens 0 whose last chunk was one token: no draw
+            tokens = [i for i, s in enumerate(samples) if s not in empty]
+            samples = [s for s in samples if s not in empty]
         prompt: list[tuple[Sequence, int]] = []
-        empty: list[Sequence] = []
         prompt_tokens: list[int] = []
-        offset = 0
-        for row in plan.rows:
+        offset = num_decode
+        for row in plan.rows[num_decode:]:
             seq = row.seq
             if row.completes:
                 if seq.num_output_tokens == 0 and seq.params.max_tokens == 0:
@@ -292,7 +300,7 @@ class LLMEngine:
                 else:
                     tokens.append(offset + row.num_tokens - 1)
                     samples.append(seq)
-            if seq.prompt_logprobs_from is not None:
+            if seq.prompt_logprobs_from is not None:  # logits at j - 1 give j's logprob
                 first = max(1, seq.prompt_logprobs_from, row.start + 1)
                 for j in range(first, min(row.end + 1, seq.num_prompt_tokens)):
                     if j not in seq.prompt_logprobs:
@@ -338,13 +346,14 @@ class LLMEngine:
         self.num_mixed_steps += not decode_only and plan.num_decode > 0
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, bm.num_used_blocks)
         self.peak_running_seqs = max(self.peak_running_seqs, len(self.scheduler.running))
-        for i, row in enumerate(plan.rows):
+        for row in plan.rows[: plan.num_decode]:
+            row.seq.num_computed_tokens += 1
+        for row in plan.rows[plan.num_decode :]:
             seq = row.seq
-            if i >= plan.num_decode:
-                self.num_computed_prompt_tokens += row.num_tokens
-                for m in seq.members:
-                    req = m.request
-                    req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
+            self.num_computed_prompt_tokens += row.num_tokens
+            for m in seq.members:
+                req = m.request
+                req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
             seq.num_computed_tokens = row.end
         finished: list[GenerateResult] = []
         n = len(logit_plan.samples)

@@ -132,6 +132,9 @@ class StepInputs:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As transformers computes it (in float32), without the casts when already float32."""
+    if x.dtype == torch.float32:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -167,34 +170,42 @@ class DecoderLayer(nn.Module):
         )
         self.o_proj = nn.Parameter(torch.empty(h, q_size))
         self.gate_up = nn.Parameter(torch.empty(2 * args.intermediate_size, h))
-        self.scale = args.head_dim**-0.5
         self.down = nn.Parameter(torch.empty(h, args.intermediate_size))
+        # plain attributes: read per layer per step, cheaper than through ``args``
+        self.scale = args.head_dim**-0.5
+        self.eps = args.rms_norm_eps
+        self.heads, self.kv_heads, self.dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.gqa = args.num_heads != args.num_kv_heads
 
     def forward(
         self, x: torch.Tensor, step: StepInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
     ) -> torch.Tensor:
-        a = self.args
-        tokens = x.shape[0]
-        h = _rms_norm(x, self.input_norm, a.rms_norm_eps)
+        tokens, dim, heads, kv_heads = x.shape[0], self.dim, self.heads, self.kv_heads
+        qk_size = self.q_size + self.kv_size
+        h = _rms_norm(x, self.input_norm, self.eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
         # RoPE on q and k at once: [T, Hq + Hkv, D]
-        qk = qkv[:, : self.q_size + self.kv_size].view(tokens, -1, a.head_dim)
-        qk = qk * step.cos + qk.roll(a.head_dim // 2, -1) * step.sin
-        q, k = qk[:, : a.num_heads], qk[:, a.num_heads :]
-        v = qkv[:, self.q_size + self.kv_size :].view(tokens, a.num_kv_heads, a.head_dim)
-        k_pool.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, step.slot_mapping, k)
-        v_pool.view(-1, a.num_kv_heads, a.head_dim).index_copy_(0, step.slot_mapping, v)
-        parts = []
-        if step.sparse is not None:
-            n = step.sparse.num_rows
-            parts.append(sparse_attention(q[:n], k_pool, v_pool, step.sparse, self.scale))
-        gqa = a.num_heads != a.num_kv_heads
-        for meta in step.dense:
-            q_part = q[meta.start : meta.start + meta.num_tokens]
-            parts.append(dense_attention(q_part, k_pool, v_pool, meta, gqa))
-        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+        qk = qkv[:, :qk_size].view(tokens, -1, dim)
+        qk = qk * step.cos + qk.roll(dim // 2, -1) * step.sin
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = qkv[:, qk_size:].view(tokens, kv_heads, dim)
+        k_pool.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
+        v_pool.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
+        sparse = step.sparse
+        if sparse is not None and not step.dense:
+            attn = sparse_attention(q, k_pool, v_pool, sparse, self.scale)
+        else:
+            parts = []
+            if sparse is not None:
+                parts.append(
+                    sparse_attention(q[: sparse.num_rows], k_pool, v_pool, sparse, self.scale)
+                )
+            for meta in step.dense:
+                q_part = q[meta.start : meta.start + meta.num_tokens]
+                parts.append(dense_attention(q_part, k_pool, v_pool, meta, self.gqa))
+            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = x + F.linear(attn.reshape(tokens, self.q_size), self.o_proj)
-        h = _rms_norm(x, self.post_norm, a.rms_norm_eps)
+        h = _rms_norm(x, self.post_norm, self.eps)
         gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.down)
 
@@ -211,6 +222,7 @@ class DecoderModel(nn.Module):
         self.args = args
         self.embed = nn.Parameter(torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self._layers = [self.layer(i) for i in range(args.num_layers)]
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = (
             None if args.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
@@ -275,8 +287,8 @@ class DecoderModel(nn.Module):
         """Hidden states ``[T, hidden]`` of every token of the step (before the final
         norm); ``logits`` turns the rows the caller needs into logits."""
         x = F.embedding(step.input_ids, self.embed)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, step, cache.k[i], cache.v[i])
+        for layer, k_pool, v_pool in zip(self._layers, cache.k, cache.v, strict=True):
+            x = layer.forward(x, step, k_pool, v_pool)  # no hooks: skip Module.__call__
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

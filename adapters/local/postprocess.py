@@ -72,7 +72,12 @@ class Postprocessor:
     ) -> None:
         """Record one row's draws: one token per member."""
         self.num_generated_tokens += len(tokens)
-        for child, tok in self._split(seq, tokens):
+        tok = tokens[0]
+        if len(tokens) == 1 or all(t == tok for t in tokens):
+            pairs = [(seq, tok)]  # the usual case: no fork
+        else:
+            pairs = self._split(seq, tokens)
+        for child, tok in pairs:
             child.token_ids.append(tok)
             if logprobs is not None:
                 child.logprobs.append(logprobs[tok])
@@ -81,9 +86,6 @@ class Postprocessor:
 
     def _split(self, seq: Sequence, toks: list[int]) -> list[tuple[Sequence, int]]:
         """Group members by drawn token; the first group keeps ``seq``, others fork it."""
-        first = toks[0]
-        if len(toks) == 1 or all(t == first for t in toks):
-            return [(seq, first)]
         groups: dict[int, list[Member]] = {}
         for member, tok in zip(seq.members, toks, strict=True):
             groups.setdefault(tok, []).append(member)
@@ -106,6 +108,8 @@ class Postprocessor:
         """Finish ``seq`` (or some of its synthetic members) if it stops here; True when the
         whole sequence finished."""
         params, syn = seq.params, self.synthetic
+        length = len(seq.token_ids)
+        generated = length - seq.num_prompt_tokens
         reason: FinishReason | None = None
         matched: str | int | None = None
         text: str | None = None
@@ -115,15 +119,13 @@ class Postprocessor:
                 reason, matched, drop_last = FinishReason.STOP, tok, True
             elif (
                 params.stop
-                and seq.num_output_tokens >= params.min_tokens
+                and generated >= params.min_tokens
                 and self.stops.triggers(params.stop)[tok]
             ):
                 found = self.stops.match(seq.output_ids, params.stop)
                 if found is not None:
                     reason, (text, matched) = FinishReason.STOP, found
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_len
-        ):
+        if reason is None and (generated >= params.max_tokens or length >= self.max_len):
             reason = FinishReason.LENGTH
         if reason is None and syn is not None:
             done = [m for m in seq.members if m.target_len <= seq.num_output_tokens]

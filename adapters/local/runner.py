@@ -44,6 +44,8 @@ class ModelRunner:
             attention = "sparse" if device == "cpu" and self._dtype == torch.float32 else "gather"
         self.attention = attention
         self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
+        self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
+        self._arange_long = torch.arange(0, device=device)  # grown on demand
         with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
             warnings.simplefilter("ignore")
             empty = torch.zeros(1, dtype=torch.int64, device=device)
@@ -69,25 +71,33 @@ class ModelRunner:
         zeros = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device)
         return zeros.masked_fill_(~allowed, float("-inf"))
 
-    def _sparse_meta(self, rows: Seq[ScheduledRow]) -> tuple[SparseMeta, torch.Tensor]:
+    def _sparse_meta(
+        self, rows: Seq[ScheduledRow]
+    ) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
+        """Meta of the decode rows, their write slots and positions."""
         n, heads = len(rows), self._heads
         lengths = [row.end for row in rows]
         width = max(lengths)
         index = self._gather_index(rows, width)
-        lengths_t = self._tensor(lengths)
-        slots = index.gather(1, (lengths_t - 1)[:, None]).squeeze(1)
-        cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).reshape(-1)
-        crow = torch.arange(0, n * heads * width + 1, width, device=self.device)
+        positions = self._tensor(lengths) - 1
+        slots = index.gather(1, positions[:, None]).squeeze(1)
+        cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).view(-1)
+        nnz = cols.numel()
+        if self._zeros.numel() < nnz:
+            self._zeros = torch.zeros(2 * nnz, dtype=self._dtype, device=self.device)
+        if self._arange_long.numel() <= n * heads:
+            self._arange_long = torch.arange(2 * n * heads + 1, device=self.device)
+        crow = self._arange_long[: n * heads + 1] * width
         pattern = torch.sparse_csr_tensor(
             crow,
             cols,
-            torch.zeros(cols.numel(), dtype=self._dtype, device=self.device),
+            self._zeros[:nnz],
             size=(n * heads, self._pool_rows),
             check_invariants=False,
         )
-        allowed = self._arange[:width][None, :] < lengths_t[:, None]
-        mask = self._additive(allowed)[:, None, :].expand(n, heads, width).reshape(-1, width)
-        return SparseMeta(pattern, crow, cols, mask, width, n), slots
+        allowed = self._arange[:width][None, :] <= positions[:, None]
+        mask = torch.where(allowed, 0.0, float("-inf")).to(self._dtype)[:, None, :]
+        return SparseMeta(pattern, crow, cols, mask, width, n), slots, positions
 
     def _dense_meta(
         self, rows: Seq[ScheduledRow], first_token: int
@@ -134,9 +144,9 @@ class ModelRunner:
         dense: list[DenseMeta] = []
         decode = rows[:num_decode]
         if decode and self.attention == "sparse":
-            sparse, slots = self._sparse_meta(decode)
+            sparse, slots, pos = self._sparse_meta(decode)
             slot_parts.append(slots)
-            pos_parts.append(self._tensor([row.start for row in decode]))
+            pos_parts.append(pos)
         elif decode:
             meta, slots, pos = self._dense_meta(decode, 0)
             dense.append(meta)

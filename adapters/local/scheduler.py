@@ -40,7 +40,7 @@ __all__ = ["Scheduler", "StepPlan"]
 
 
 def _key(seq: Sequence) -> tuple[int, int]:
-    return (int(seq.priority), seq.arrival)
+    return seq.rank
 
 
 @dataclass(slots=True)
@@ -125,7 +125,9 @@ class Scheduler:
 
     def _ready(self) -> list[Sequence]:
         """Running sequences with exactly one token to compute, highest rank first."""
-        return sorted((s for s in self.running if s.num_computed_tokens == len(s) - 1), key=_key)
+        ready = [s for s in self.running if s.num_computed_tokens == len(s.token_ids) - 1]
+        ready.sort(key=_key)
+        return ready
 
     def _evict(self, victim: Sequence) -> None:
         """Preempt ``victim``, dropping its chunk from the plan being built."""
@@ -137,18 +139,18 @@ class Scheduler:
         bm = self.block_manager
         order = deque(s for s in ready if s.status == SequenceStatus.RUNNING)
         rows: list[ScheduledRow] = []
+        running = SequenceStatus.RUNNING
         while order and len(rows) < budget:
             seq = order.popleft()
-            if seq.status != SequenceStatus.RUNNING:  # evicted for an earlier row
+            if seq.status != running:  # evicted for an earlier row
                 continue
-            while not bm.can_append(seq):
+            while not bm.reserve_slot(seq):
                 victim = order.pop() if order else self._victim_outside(seq)
                 self._evict(victim)
                 if victim is seq:
                     break
             else:
-                bm.may_append(seq)
-                rows.append(ScheduledRow(seq, len(seq) - 1, 1))
+                rows.append(ScheduledRow(seq, len(seq.token_ids) - 1, 1))
         return rows
 
     def _victim_outside(self, seq: Sequence) -> Sequence:

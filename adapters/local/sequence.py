@@ -131,6 +131,10 @@ class Sequence:
     prompt_logprobs_from: int | None = None
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     streaming: bool = False  # some member's request streams: keep ``detok`` current
+    rank: tuple[int, int] = (0, 0)  # scheduling order: (priority, arrival), set below
+
+    def __post_init__(self) -> None:
+        self.rank = (int(self.priority), self.arrival)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -64,6 +64,10 @@ class ServeContext:
         prm = backend.prm
         self.prm_max_len = int(prm.loaded.args.max_position_embeddings) if prm else 0
 
+    def decode_token(self, token_id: int) -> str:
+        engine = self.backend.engine
+        return str(engine.tokenizer.decode([token_id])) if engine is not None else ""
+
     # -- running ---------------------------------------------------------------------------
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
         """Await ``work``; a client that goes away cancels it (and so aborts its samples)."""

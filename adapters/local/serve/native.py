@@ -45,10 +45,12 @@ def native_routes(ctx: ServeContext) -> list[Route]:
             results = await ctx.until_disconnect(request, run_samples(backend, engine_requests))
         finally:
             ctx.live.release(batch)
+        decode = ctx.decode_token
         outs = [
-            sample_json(rid, r.completions[0].text, r.completions[0].token_ids, r)
+            sample_json(rid, r.completions[0].text, r.completions[0].token_ids, r,
+                        batch.logprobs, decode)
             for rid, r in zip(rids, results, strict=True)
-        ]
+        ]  # fmt: skip
         return JSONResponse(outs[0] if batch.single else outs)
 
     async def abort_request(request: Request) -> Response:
@@ -177,7 +179,9 @@ async def _stream(
             if up.result is None and len(up.token_ids) - last.get(up.index, 0) < interval[up.index]:
                 continue
             last[up.index] = len(up.token_ids)
-            out = sample_json(rids[up.index], up.text, up.token_ids, up.result)
+            out = sample_json(
+                rids[up.index], up.text, up.token_ids, up.result, batch.logprobs, ctx.decode_token
+            )
             if not batch.single:
                 out["index"] = up.index
             yield sse(out)

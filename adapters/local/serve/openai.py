@@ -229,7 +229,7 @@ def _choice(index: int, c: Completion, chat: bool) -> dict[str, Any]:
     else:
         out["text"] = c.text
     out.update(logprobs=None, finish_reason=_REASON[c.finish_reason])
-    out["matched_stop"] = getattr(c, "matched_stop", None)
+    out["matched_stop"] = c.matched_stop
     return out
 
 

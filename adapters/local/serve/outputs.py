@@ -33,11 +33,16 @@ def finish_reason(completion: Completion) -> dict[str, Any]:
         return {"type": "length", "length": completion.num_tokens}
     if completion.finish_reason is FinishReason.ABORT:
         return {"type": "abort", "message": "Abort request"}
-    return {"type": "stop", "matched": getattr(completion, "matched_stop", None)}
+    return {"type": "stop", "matched": completion.matched_stop}
 
 
 def sample_json(
-    rid: str, text: str, token_ids: Sequence[int], result: GenerateResult | None
+    rid: str,
+    text: str,
+    token_ids: Sequence[int],
+    result: GenerateResult | None,
+    logprobs: Any = None,
+    decode: Any = None,
 ) -> dict[str, Any]:
     completion = result.completions[0] if result is not None else None
     meta: dict[str, Any] = {
@@ -48,7 +53,46 @@ def sample_json(
         "cached_tokens": result.cached_prompt_tokens if result is not None else 0,
         "weight_version": "default",
     }
+    if logprobs is not None and result is not None:
+        meta.update(logprob_meta(result, logprobs, decode))
     return {"text": text, "output_ids": list(token_ids), "meta_info": meta}
+
+
+def logprob_meta(result: GenerateResult, opts: Any, decode: Any) -> dict[str, Any]:
+    """SGLang's logprob fields (``tokenizer_manager.py`` ``add_logprob_to_meta_info``): each
+    entry ``[logprob, token_id, text or None]``; top-k and given ids per position."""
+
+    def entry(token: int, logprob: float | None) -> list[Any]:
+        return [logprob, token, decode(token) if opts.text and decode is not None else None]
+
+    def rows(items: Sequence[Any]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"token": [], "top": [], "given": []}
+        for item in items:
+            if item is None:  # the first prompt token has no logprob
+                out["token"].append([None, None, None])
+                out["top"].append(None)
+                out["given"].append(None)
+                continue
+            out["token"].append(entry(item.token_id, item.logprob))
+            out["top"].append([entry(t, lp) for t, lp in item.top])
+            out["given"].append([entry(t, lp) for t, lp in item.given])
+        return out
+
+    completion = result.completions[0]
+    output = rows(completion.logprobs or ())
+    meta: dict[str, Any] = {
+        "output_token_logprobs": output["token"],
+        "output_token_logprobs_length": len(output["token"]),
+    }
+    prompt = rows(result.prompt_logprobs) if opts.prompt_from is not None else None
+    meta["input_token_logprobs"] = prompt["token"] if prompt else []
+    if opts.top > 0:
+        meta["output_top_logprobs"] = output["top"]
+        meta["input_top_logprobs"] = prompt["top"] if prompt else []
+    if opts.given:
+        meta["output_token_ids_logprobs"] = output["given"]
+        meta["input_token_ids_logprobs"] = prompt["given"] if prompt else []
+    return meta
 
 
 def error_body(message: str, field: str | None = None, code: int = 400) -> dict[str, Any]:
@@ -64,16 +108,19 @@ def sse(payload: Any) -> bytes:
 async def _one(
     backend: LocalBackend, index: int, request: GenerateRequest
 ) -> AsyncIterator[Update]:
-    stream = getattr(backend, "stream", None)
-    if stream is None:  # an engine without incremental output: one update at the end
-        result = await backend.generate(request)
-        c = result.completions[0]
-        yield Update(index, c.text, c.token_ids, result)
-        return
-    async for result in stream(request):
-        c = result.completions[0]
-        done = c.finish_reason is not None and getattr(result, "finished", True)
-        yield Update(index, c.text, c.token_ids, result if done else None)
+    """The engine's per-token updates of one sample (cumulative text and ids)."""
+    prompt_tokens = 0
+    async for up in backend.stream(request):
+        result = None
+        if up.completion is not None:
+            if not prompt_tokens:  # the stream carries no usage: count the prompt once
+                ids = request.prompt_ids
+                prompt_tokens = len(ids) if ids is not None else backend.count_tokens(
+                    request.prompt or "")  # fmt: skip
+            result = GenerateResult(request.request_id, (up.completion,), prompt_tokens)
+            yield Update(index, up.completion.text, up.completion.token_ids, result)
+        else:
+            yield Update(index, up.text, up.token_ids, None)
 
 
 async def merge_updates(

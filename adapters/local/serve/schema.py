@@ -27,7 +27,7 @@ from .fields import (
     token_ids,
 )
 
-__all__ = ["GenerateBatch", "Limits", "Sample", "parse_generate"]
+__all__ = ["GenerateBatch", "Limits", "Logprobs", "Sample", "parse_generate"]
 
 # SGLang sampling parameters the engine does not implement, at the values that change
 # nothing (SGLang's frontend sends every one of them with each request).
@@ -48,19 +48,12 @@ _INERT_SAMPLING = {
     "skip_special_tokens": Inert(True),
     "spaces_between_special_tokens": Inert(True),
     "no_stop_trim": Inert(False),
-    "min_new_tokens": Inert(0),
-    "ignore_eos": Inert(False),
 }
 _SAMPLING = {
     "max_new_tokens", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "n",
-    "sampling_seed", "stream_interval",
+    "sampling_seed", "stream_interval", "min_new_tokens", "ignore_eos",
 }  # fmt: skip
 _INERT_TOP = {
-    "return_logprob": Inert(False),
-    "logprob_start_len": Inert(-1),
-    "top_logprobs_num": Inert(0),
-    "token_ids_logprob": Inert(),
-    "return_text_in_logprobs": Inert(False, True),
     "input_embeds": Inert(),
     "image_data": Inert(),
     "video_data": Inert(),
@@ -84,6 +77,8 @@ _INERT_TOP = {
 # Read, or metadata with no effect on the answer.
 _TOP = {
     "text", "input_ids", "sampling_params", "rid", "stream", "priority", "log_metrics",
+    "return_logprob", "logprob_start_len", "top_logprobs_num", "token_ids_logprob",
+    "return_text_in_logprobs",
     "no_logs", "custom_labels", "routing_key", "conversation_id", "extra_key",
 }  # fmt: skip
 _MAX_SAMPLES = 4096  # per HTTP request (prompts x n)
@@ -113,6 +108,15 @@ class GenerateBatch:
     item_rids: tuple[str, ...]  # one per prompt; for n > 1 each also names its samples
     single: bool  # one prompt and n == 1: the answer is one object, not a list
     stream: bool
+    logprobs: Logprobs | None = None  # return_logprob: what meta_info reports
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    top: int  # top_logprobs_num
+    given: tuple[int, ...]  # token_ids_logprob
+    prompt_from: int | None  # logprob_start_len (None: output only)
+    text: bool  # return_text_in_logprobs
 
 
 # SamplingParams field -> the SGLang name a client sent.
@@ -148,6 +152,12 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
     item_rids = _rids(body.get("rid"), count, batch)
     priority = opt_int(body, "priority", "priority", 0)
     stream = opt_bool(body, "stream", "stream", False)
+    logprobs = _logprobs(body, limits)
+    if logprobs is not None:
+        parsed = [
+            (replace(sp, logprobs=logprobs.top, logprob_token_ids=logprobs.given), n_, k)
+            for sp, n_, k in parsed
+        ]
     samples = []
     for i, prompt in enumerate(prompts):
         sampling, _, interval = parsed[i]
@@ -165,11 +175,26 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
                         prompt_ids=None if isinstance(prompt, str) else prompt,
                         # Reported as schedule_low_priority_values_first: <= 0 is committed.
                         priority=Priority.SPECULATIVE if priority > 0 else Priority.COMMITTED,
+                        prompt_logprobs_from=logprobs.prompt_from if logprobs else None,
                     ),
                     interval,
                 )
             )
-    return GenerateBatch(tuple(samples), tuple(item_rids), not batch and n == 1, stream)
+    return GenerateBatch(tuple(samples), tuple(item_rids), not batch and n == 1, stream, logprobs)
+
+
+def _logprobs(body: dict[str, Any], limits: Limits) -> Logprobs | None:
+    """SGLang's logprob fields (one value for the whole batch)."""
+    if not opt_bool(body, "return_logprob", "return_logprob", False):
+        return None
+    given = body.get("token_ids_logprob")
+    start = opt_int(body, "logprob_start_len", "logprob_start_len", -1, lo=-1)
+    return Logprobs(
+        top=opt_int(body, "top_logprobs_num", "top_logprobs_num", 0, lo=0, hi=limits.vocab_size),
+        given=() if given is None else token_ids(given, "token_ids_logprob", limits.vocab_size),
+        prompt_from=None if start < 0 else start,
+        text=opt_bool(body, "return_text_in_logprobs", "return_text_in_logprobs", False),
+    )
 
 
 def _with_seed(sampling: SamplingParams, seed: int | None) -> SamplingParams:
@@ -258,6 +283,8 @@ def _sampling(params: Any, limits: Limits, field: str) -> tuple[SamplingParams, 
         if stop_ids is None
         else token_ids(stop_ids, f + "stop_token_ids", limits.vocab_size, allow_empty=True),
         seed=opt_int(params, "sampling_seed", f + "sampling_seed", None, lo=-(2**63), hi=2**63 - 1),
+        min_tokens=opt_int(params, "min_new_tokens", f + "min_new_tokens", 0, lo=0),
+        ignore_eos=opt_bool(params, "ignore_eos", f + "ignore_eos", False),
     )
     n = opt_int(params, "n", f + "n", 1, lo=1, hi=_MAX_SAMPLES)
     interval = opt_int(params, "stream_interval", f + "stream_interval", 1, lo=1)
