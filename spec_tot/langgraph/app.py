@@ -31,7 +31,7 @@ from spec_tot.langgraph.entries import SendOwners, SpeculationSlots
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
-from spec_tot.langgraph.speculation import Speculator
+from spec_tot.langgraph.speculation import SPECULATIVE_TAG, Speculator
 
 __all__ = ["SpeculativeGraph", "from_langgraph"]
 
@@ -218,12 +218,14 @@ class SpeculativeGraph(Runnable[Any, Any]):
         run.config = {**config, "configurable": configurable}
         if not self.speculate:
             return run
-        spec_config: RunnableConfig = {**run.config, "callbacks": None}
+        tags = [*(run.config.get("tags") or []), SPECULATIVE_TAG]
+        spec_config: RunnableConfig = {**run.config, "tags": tags}
 
         def make(owners: SendOwners, clock: Callable[[], float]) -> Speculator:
             return Speculator(
                 roles=self.roles,
                 config=spec_config,
+                manager=run.manager,
                 slots=self.slots,
                 max_depth=self.max_depth,
                 strict=self.strict,
