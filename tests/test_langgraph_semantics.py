@@ -134,6 +134,10 @@ def test_input_and_output_schemas() -> None:
     ours = from_langgraph(builder)
     assert ours.get_graph().draw_mermaid() == builder.compile().get_graph().draw_mermaid()
     compiled = builder.compile()
+    for mode in ("values", "updates"):
+        assert list(ours.stream(inp, stream_mode=mode)) == list(
+            compiled.stream(inp, stream_mode=mode)
+        )
     assert ours.get_input_jsonschema() == compiled.get_input_jsonschema()
     assert ours.get_output_jsonschema() == compiled.get_output_jsonschema()
     assert set(ours.get_input_jsonschema()["properties"]) == {"question"}

@@ -273,6 +273,8 @@ class SpeculativeGraph(Runnable[Any, Any]):
     ) -> AsyncIterator[Any]:
         context = kwargs.pop("context", None)
         output_keys = kwargs.pop("output_keys", None)
+        # As LangGraph's stream: every state key unless output_keys says otherwise.
+        keys = output_keys if output_keys is not None else self.compiled.stream_channels_asis
         modes, single = _modes(kwargs.pop("stream_mode", None))
         _check_kwargs(kwargs)
         queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
@@ -283,7 +285,15 @@ class SpeculativeGraph(Runnable[Any, Any]):
 
         async def drive() -> None:
             try:
-                await self.arun(input, config, context=context, sink=sink, stream_keys=output_keys)
+                await self.arun(
+                    input,
+                    config,
+                    context=context,
+                    sink=sink,
+                    output_keys=keys,
+                    stream_keys=keys,
+                    threads=threads,
+                )
             finally:
                 queue.put_nowait(None)
 
