@@ -261,6 +261,8 @@ class SimBackend(GenerationBackend, RewardBackend):
     """The simulated engine and PRM (see the module docstring). Run it on a
     ``VirtualTimeLoop`` (``run_virtual``); on a normal loop it sleeps in real time."""
 
+    score_range = (0.0, 1.0)
+
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
         self.engine = SimEngine(self.config)
