@@ -164,9 +164,10 @@ class ModelRunner:
     def _split(
         self, rows: Seq[ScheduledRow], num_decode: int
     ) -> tuple[list[ScheduledRow], list[ScheduledRow]]:
-        """Rows for the sparse path (decode rows, and short prompt chunks: a chunk of a
-        few tokens costs less there than a gather and SDPA of its own) and the rest."""
-        if self.attention != "sparse":
+        """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
+        chunk of a few tokens costs less there than a gather and SDPA of its own) and the
+        rest (prompts alone run faster through SDPA)."""
+        if self.attention != "sparse" or not num_decode:
             return [], list(rows)
         small = [r for r in rows[num_decode:] if r.num_tokens <= SPARSE_CHUNK_TOKENS]
         if len(small) == len(rows) - num_decode:
