@@ -113,25 +113,29 @@ def run_static(hf: Any, prompts: list[list[int]], new: int) -> int:
 
 
 def stream_workload(engine: Any, vocab: int, *, short: int, in_flight: int, long: int) -> float:
-    """Tokens per second of ``long`` decoding requests plus a closed loop of short ones."""
+    """Tokens per second of ``long`` decoding requests plus a closed loop of short ones
+    (10 to 30 new tokens each, 20 on average; the same requests for every engine)."""
     from spec_tot.requests import GenerateRequest, SamplingParams
 
     rng = random.Random(7)
     stem = [rng.randrange(3, vocab) for _ in range(48)]
     long_params = SamplingParams(temperature=0.0, max_tokens=10**4 // 16, ignore_eos=True)
-    short_params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     for i in range(long):
         ids = tuple(rng.randrange(3, vocab) for _ in range(64))
         engine.add_request(GenerateRequest(f"long/{i}", long_params, prompt_ids=ids))
     engine.step()  # the long requests' prompts: not part of the stream
     started, sent, done, tokens = time.perf_counter(), 0, 0, 0
     while done < short:
-        # one arrival a step until ``in_flight`` run (then one as each finishes): arrivals
-        # stay spread over the steps, as children of a search arrive
-        if sent - done < in_flight and sent < short:
+        # each finished one is replaced at once; their lengths differ, so arrivals spread
+        # over the steps, as the children of a search arrive
+        while sent - done < in_flight and sent < short:
             tail = tuple(rng.randrange(3, vocab) for _ in range(16))
             ids = tuple(stem) + tail  # a ToT child: the question, then its own steps
-            engine.add_request(GenerateRequest(f"short/{sent}", short_params, prompt_ids=ids))
+            # 20 tokens on average, as search steps vary: 10..30
+            params = SamplingParams(
+                temperature=0.0, max_tokens=rng.randint(10, 30), ignore_eos=True
+            )
+            engine.add_request(GenerateRequest(f"short/{sent}", params, prompt_ids=ids))
             sent += 1
         for result in engine.step():
             done += result.request_id.startswith("short/")
