@@ -115,7 +115,7 @@ class Speculation:
     adaptive: bool = False
     round_rewards: bool = True  # baseline: one reward batch per round (search-and-learn)
     max_speculative_per_query: int = 64
-    max_spec_depth: int = 3
+    max_spec_depth: int = 6
 
     def __post_init__(self) -> None:
         if self.speculate not in ("off", "all", "ranked"):

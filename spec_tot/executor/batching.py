@@ -103,8 +103,9 @@ class LazyRule(BatchRule):
     delay on the critical path.
 
     - A committed item never waits while the reward model is idle (no batch of this queue
-      in flight): it goes at once, with whatever waits beside it. While a batch runs,
-      items gather; when it ends the next one goes.
+      in flight, and the engine, whose device a reward model often shares, not loaded): it
+      goes at once, with whatever waits beside it. While a batch runs, items gather; when
+      it ends the next one goes.
     - Otherwise (a batch is running, or only speculative items wait) the queue is scored
       when its pending tokens reach ``token_threshold`` (speculative items count), a
       query's committed sibling group is complete, an item was passed over
@@ -142,8 +143,11 @@ class LazyRule(BatchRule):
         if queue is None or not queue.items:
             return
         lv = self.lv
-        idle = router.batches_in_flight(key) == 0
         items = queue.items
+        patient = self.saturated is not None and self.saturated()
+        # The reward model is idle when no batch of its own runs and the engine it may
+        # share is not loaded either: then batching would only delay the critical path.
+        idle = router.batches_in_flight(key) == 0 and not patient
         committed = any(not p.speculative for p in items)
         if (self.busy is not None and not self.busy()) or (idle and committed and lv.idle_flush):
             router.flush(key, lambda batch: select_lazy(batch, lv, False))
@@ -153,7 +157,6 @@ class LazyRule(BatchRule):
         # a speculative item alone is never urgent.
         timed = [p for p in items if not p.speculative] if lv.defer_speculative else items
         backlog = sum(p.speculative for p in items) >= lv.spec_flush
-        patient = self.saturated is not None and self.saturated()
         reasons = (
             sum(p.tokens for p in timed) >= lv.token_threshold,
             any(router.group_complete(q) for q in {p.query_id for p in items}),
