@@ -38,7 +38,9 @@ ANSWER_PREFIX = "answer: "
 class ScriptedConfig:
     """``depth``: the step at which a sample is an answer. ``p_correct``: chance that an
     answer sample is ``correct``. Step lengths are lognormal around ``mean_tokens``, with a
-    ``straggler_rate`` chance of being ``straggler_factor`` times longer."""
+    ``straggler_rate`` chance of being ``straggler_factor`` times longer. ``score_levels``
+    (0: continuous) rounds every step score to that many evenly spaced levels in [0, 1]
+    (3: {0, 0.5, 1}), so that rewards tie often."""
 
     seed: int = 0
     depth: int = 3
@@ -53,6 +55,7 @@ class ScriptedConfig:
     fail_prefixes: tuple[str, ...] = ()
     hang_prefixes: tuple[str, ...] = ()
     fail_reward_questions: tuple[str, ...] = ()
+    score_levels: int = 0
 
     def __post_init__(self) -> None:
         if self.depth < 1:
@@ -68,6 +71,8 @@ class ScriptedConfig:
                 raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
         if self.correct not in self.choices:
             raise ConfigError("correct", f"{self.correct!r} is not one of choices")
+        if self.score_levels == 1 or self.score_levels < 0:
+            raise ConfigError("score_levels", f"must be 0 or >= 2, got {self.score_levels}")
 
 
 def _matches(request_id: str, prefix: str) -> bool:
@@ -83,6 +88,7 @@ class ScriptedBackend(GenerationBackend, RewardBackend):
     num_generated_tokens: int = 0
     peak_inflight: int = 0
     _inflight: dict[str, asyncio.Event] = field(default_factory=dict)
+    score_range: tuple[float, float] | None = (0.0, 1.0)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -171,8 +177,11 @@ class ScriptedBackend(GenerationBackend, RewardBackend):
         last = steps[-1] if steps else ""
         if last.startswith(ANSWER_PREFIX):
             right = last[len(ANSWER_PREFIX) :] == self.config.correct
-            return 0.6 + 0.4 * u if right else 0.4 * u
-        return 0.2 + 0.6 * u
+            score = 0.6 + 0.4 * u if right else 0.4 * u
+        else:
+            score = 0.2 + 0.6 * u
+        levels = self.config.score_levels
+        return round(score * (levels - 1)) / (levels - 1) if levels else score
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         self.num_score_calls += 1

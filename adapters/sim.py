@@ -9,7 +9,7 @@ time (``await asyncio.sleep(dt)`` on ``VirtualTimeLoop``; run it with ``run_virt
 - cost: a roofline. Decode step = overhead + max((weights + KV read) / bandwidth,
   2 * params * tokens / FLOPs); prefill tokens join the step's compute term; a PRM batch =
   call overhead + its own roofline, on the same GPU by default (it stalls decoding);
-- workload (a pure function of seed, request id and sampling seed, so every mode sees the
+- workload (a pure function of seed, prompt and sampling seed, so every mode sees the
   same tree): lognormal step lengths with stragglers, a latent quality per branch that the
   PRM sees through noise, answer depth skew, a token-collision model for CD.
 
@@ -261,6 +261,8 @@ class SimBackend(GenerationBackend, RewardBackend):
     """The simulated engine and PRM (see the module docstring). Run it on a
     ``VirtualTimeLoop`` (``run_virtual``); on a normal loop it sleeps in real time."""
 
+    score_range = (0.0, 1.0)
+
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
         self.engine = SimEngine(self.config)
@@ -315,14 +317,13 @@ class SimBackend(GenerationBackend, RewardBackend):
         return random.Random(stable_seed(self.config.seed, "root|" + question)).uniform(0.3, 0.8)
 
     def sample(self, request: GenerateRequest, index: int) -> _Sample:
-        """Sample ``index`` of ``request``: a function of (seed, id, sampling seed, index)
-        and the prompt; never of timing, mode or the engine switches."""
+        """Sample ``index`` of ``request``: a function of (seed, prompt, sampling seed, index);
+        never of timing, mode, request ids or the engine switches."""
         cfg, sampling = self.config, request.sampling
         prompt = request.prompt if request.prompt is not None else repr(request.prompt_ids)
         question, *steps = prompt.split("\n")
-        key = f"greedy|{prompt}" if sampling.greedy else (
-            f"{request.request_id}|{sampling.seed}|{index}"
-        )  # fmt: skip
+        # The prompt and the sampling seed, not the request id: ids may be auto-assigned.
+        key = f"greedy|{prompt}" if sampling.greedy else f"{prompt}|{sampling.seed}|{index}"
         rng = random.Random(stable_seed(cfg.seed, key))
         tokens = max(1, round(rng.lognormvariate(math.log(cfg.step_tokens_median),
                                                  cfg.step_tokens_sigma)))  # fmt: skip

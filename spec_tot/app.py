@@ -2,57 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
-from spec_tot._private.runtime import QueryRunner, record_for
-from spec_tot._private.scoring import FlushRule, RewardRouter, calibrated_lv
-from spec_tot._private.speculation import SpeculationBudget
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
-from spec_tot.graph import State
-from spec_tot.metrics import MetricsRecorder, RunMetrics
+from spec_tot.executor.batch import Program, run_queries
+from spec_tot.executor.hub import QueryInput, hub_for
+from spec_tot.nodes import State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
-from spec_tot.tree import SearchTree
+from spec_tot.results import BatchResult, ToTResult
 
 if TYPE_CHECKING:
     from spec_tot.graph import ThoughtGraph
 
 __all__ = ["BatchResult", "ToTApp", "ToTResult"]
-
-
-@dataclass(frozen=True)
-class ToTResult:
-    """One query's outcome. ``status`` is ok, failed or timeout (a cancelled query raises
-    ``asyncio.CancelledError``); the partial tree
-    is kept in every case."""
-
-    query_id: str
-    answer: str | None
-    score: float | None
-    solved: bool
-    status: str
-    tree: SearchTree
-    latency_s: float
-    errors: tuple[str, ...] = ()
-    truncated: bool = False
-    votes: Mapping[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BatchResult:
-    results: list[ToTResult]
-    metrics: RunMetrics
 
 
 def _default_input(value: Any) -> State:
@@ -102,8 +72,6 @@ class ToTApp(Runnable[Any, ToTResult]):
         self.answer_fn = answer
         self.check = check
         self.input_to_state = input_to_state
-        self._ids = itertools.count()
-        self._active: set[str] = set()  # query ids running now, across concurrent batches
 
     @classmethod
     def build(
@@ -139,14 +107,8 @@ class ToTApp(Runnable[Any, ToTResult]):
             raise ConfigError("search", f"expected a policy name or factory, got {search!r}")
         if backend is None:
             raise ConfigError("backend", "compile() needs a backend (instance or name)")
-        source: GenerationBackend | Callable[[], GenerationBackend]
-        if isinstance(backend, str):
-            registry = default_registry()
-            if backend not in registry.names():
-                registry.create(backend)  # raises UnknownNameError listing the names
-            source = lambda: registry.create(backend, **backend_options)  # noqa: E731
-        else:
-            source = backend
+        # A name, an instance or a LangChain model (wrapped), refused here if it is none.
+        source = default_registry().resolve(backend, backend_options)
         return cls(
             compiled,
             policy_factory,
@@ -187,46 +149,38 @@ class ToTApp(Runnable[Any, ToTResult]):
         """Run queries concurrently on one backend; one's failure never stops the others.
         ``on_result`` is called as each query finishes (progress bars); ``on_event`` gets
         every search event (``spec_tot.events.ToTEvent``) as it happens."""
-        states = self._assign_query_ids([self.input_to_state(value) for value in inputs])
-        # Reserved before any waits for a concurrency slot: a concurrent batch cannot reuse
-        # an id that is still queued here.
-        self._active.update(str(s["query_id"]) for s in states)
-        recorder = MetricsRecorder(goodput_deadline_s=self.config.goodput_deadline_s)
-        spec = self.config.speculation
-        caps = self.backend.capabilities
-        lv = spec.lv
-        if lv is not None:
-            lv = calibrated_lv(lv, self.config.speculation_overrides.get("lv"), caps)
-        rule: FlushRule = "round" if spec.round_rewards else (lv or "eager")
-        capacity = caps.saturation_batch
-        budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None
-        busy = None
-        if spec.adaptive:
-            busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
-        # Loaded: committed work fills half the engine's saturation batch. LV's time rules
-        # then rest (an early score only steers speculation, worth little under load).
-        saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
-        router = RewardRouter(self.reward_scorer, recorder, rule, busy, saturated)
-        limit = asyncio.Semaphore(max_concurrency or self.config.max_concurrency)
+        queries = self._prepare([self.input_to_state(value) for value in inputs])
+        return await self._run(queries, max_concurrency, on_result, on_event)
 
-        async def one(state: State) -> ToTResult:
-            try:
-                async with limit:
-                    result = await self._run_one(state, recorder, router, budget, on_event)
-            finally:
-                self._active.discard(str(state["query_id"]))
-            if on_result is not None:
-                on_result(result)
-            return result
-
-        loop = asyncio.get_running_loop()
-        started, cpu_started = loop.time(), time.thread_time()
-        results = await asyncio.gather(*(one(s) for s in states))
-        wall = loop.time() - started
-        # CPU of the event-loop thread: the executor's own cost (engines run elsewhere).
-        recorder.executor_cpu_s = time.thread_time() - cpu_started
-        peak_kv = int(self.backend.stats().get("peak_kv_blocks", 0))
-        return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
+    async def _run(
+        self,
+        queries: list[QueryInput],
+        max_concurrency: int | None,
+        on_result: Callable[[ToTResult], None] | None,
+        on_event: EventSink | None,
+    ) -> BatchResult:
+        """Run reserved queries; their ids are released as each ends."""
+        hub = hub_for(self.backend)
+        program = Program(
+            self.graph,
+            self.policy_factory,
+            self.backend,
+            self.reward_scorer,
+            self.config,
+            self.answer_fn,
+            self.check,
+        )
+        try:
+            return await run_queries(
+                program,
+                queries,
+                max_concurrency=max_concurrency or self.config.max_concurrency,
+                on_result=on_result,
+                on_event=on_event,
+                release=lambda qid: hub.release([qid]),
+            )
+        finally:
+            hub.release(q.query_id for q in queries)
 
     def run_batch(
         self,
@@ -244,85 +198,11 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         return result
 
-    def _assign_query_ids(self, states: list[State]) -> list[State]:
-        """Explicit ids are checked (unique, no '/', not already running); the others get
-        ``q<n>`` ids that collide with none of them. All before any query starts."""
-        explicit = [s["query_id"] for s in states if s.get("query_id") is not None]
-        for qid in explicit:
-            if not isinstance(qid, str) or not qid or "/" in qid:
-                raise ConfigError("query_id", f"must be a non-empty string without '/': {qid!r}")
-            if qid in self._active:
-                raise ConfigError("query_id", f"{qid!r} is already running")
-        if len(set(explicit)) != len(explicit):
-            raise ConfigError("query_id", "query ids in one batch must be unique")
-        taken = set(explicit) | self._active
-        out = []
-        for state in states:
-            if state.get("query_id") is None:
-                qid = f"q{next(self._ids)}"
-                while qid in taken:
-                    qid = f"q{next(self._ids)}"
-                taken.add(qid)
-                state = {**state, "query_id": qid}
-            out.append(state)
-        return out
-
-    async def _run_one(
-        self,
-        state: State,
-        recorder: MetricsRecorder,
-        router: RewardRouter,
-        budget: SpeculationBudget | None,
-        on_event: EventSink | None = None,
-    ) -> ToTResult:
-        query_id = str(state["query_id"])
-        tree = SearchTree(query_id, str(state["question"]), state)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        status, answer, truncated = "ok", None, False
-        errors: tuple[str, ...] = ()
-        try:
-            runner = QueryRunner(
-                graph=self.graph,
-                tree=tree,
-                policy=self.policy_factory(),
-                backend=self.backend,
-                rewards=router,
-                recorder=recorder,
-                config=self.config,
-                answer_fn=self.answer_fn,
-                budget=budget,
-                on_event=on_event,
-            )
-            async with asyncio.timeout(self.config.query_timeout_s):
-                outcome = await runner.run()
-            answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
-            if answer is None and errors:
-                status = "failed"
-        except TimeoutError:
-            status = "timeout"
-            errors = (f"query {query_id} exceeded {self.config.query_timeout_s}s",)
-        except asyncio.CancelledError:
-            recorder.query_finished(record_for(tree, "cancelled", False, loop.time() - started))
-            raise
-        except Exception as exc:
-            status, errors = "failed", (f"{query_id}: {type(exc).__name__}: {exc}",)
-        text = answer.text if answer is not None else None
-        solved = bool(self.check(state, text)) if self.check is not None and text else False
-        record = record_for(tree, status, solved, loop.time() - started)
-        recorder.query_finished(record)
-        return ToTResult(
-            query_id=query_id,
-            answer=text,
-            score=answer.score if answer is not None else None,
-            solved=solved,
-            status=status,
-            tree=tree,
-            latency_s=record.latency_s,
-            errors=tuple(errors),
-            truncated=truncated,
-            votes=dict(answer.votes) if answer is not None else {},
-        )
+    def _prepare(self, states: list[State]) -> list[QueryInput]:
+        """Reserve the queries' ids on the backend (explicit ones checked, the others
+        ``q<n>``) before any query starts: a concurrent batch, app or call on the same
+        backend cannot reuse one while it is queued or running."""
+        return hub_for(self.backend).reserve(states)
 
     # -- Runnable -----------------------------------------------------------------------------
     # RunnableConfig is honoured: callbacks/tags/metadata/run_name/run_id (one chain run per
@@ -336,7 +216,7 @@ class ToTApp(Runnable[Any, ToTResult]):
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> ToTResult:
-        result = (await self._arun_configured([input], [config]))[0]
+        result = (await self._configured([input], [config]))[0]
         if result.status == "timeout":
             raise QueryTimeoutError("; ".join(result.errors))
         return result
@@ -352,7 +232,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         configs = list(config) if isinstance(config, list) else [config] * len(inputs)
         if len(configs) != len(inputs):
             raise ConfigError("config", f"{len(configs)} configs for {len(inputs)} inputs")
-        return await self._arun_configured(inputs, configs)
+        return await self._configured(inputs, configs)
 
     def batch(
         self,
@@ -368,50 +248,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         return results
 
-    async def _arun_configured(
+    async def _configured(
         self, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
     ) -> list[ToTResult]:
-        """One ``arun_batch`` over ``inputs`` (shared batching), one chain run per input.
-        The first config's executor settings apply to the whole batch."""
-        import copy
+        from spec_tot._private.runnable import arun_configured
 
-        from langchain_core.runnables.config import (
-            ensure_config,
-            get_async_callback_manager_for_config,
-        )
-
-        from spec_tot._private.runnable import EventPump, configured_app
-
-        app = configured_app(self, configs[0] if configs else None)
-        # ids known up front: events are routed to their query's run
-        states = self._assign_query_ids([app.input_to_state(value) for value in inputs])
-        pump, runs = EventPump(), []
-        for value, state, raw in zip(inputs, states, configs, strict=True):
-            cfg = ensure_config(raw)
-            manager = get_async_callback_manager_for_config(cfg)
-            run = await manager.on_chain_start(
-                None,
-                value,
-                name=cfg.get("run_name") or self.get_name(),
-                run_id=cfg.pop("run_id", None),
-            )
-            pump.bind(state["query_id"], run, cfg)
-            runs.append(run)
-        runner = copy.copy(app)
-        runner.input_to_state = dict
-        limit = next((c.get("max_concurrency") for c in configs if c), None)
-        pump.start()
-        try:
-            batch = await runner.arun_batch(states, max_concurrency=limit, on_event=pump)
-        except BaseException as exc:
-            await pump.stop()
-            for run in runs:
-                await run.on_chain_error(exc)
-            raise
-        await pump.stop()
-        for run, result in zip(runs, batch.results, strict=True):
-            await run.on_chain_end(result)
-        return batch.results
+        return await arun_configured(self, inputs, configs)
 
     async def aclose(self) -> None:
         if self._backend is not None:

@@ -11,14 +11,28 @@ State is a plain dict. Node functions return a dict of updates (last write wins)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from spec_tot.backends import GenerationBackend, RewardBackend
 from spec_tot.errors import ConfigError, GraphValidationError
-from spec_tot.requests import RewardItem, SamplingParams
+from spec_tot.nodes import (
+    END,
+    START,
+    ConditionalEdge,
+    FunctionFn,
+    GraphNode,
+    NodeKind,
+    ParseFn,
+    PromptFn,
+    RouterFn,
+    ScoreFn,
+    State,
+    ToolFn,
+    append_step,
+    default_reward_item,
+)
+from spec_tot.requests import SamplingParams
 
 if TYPE_CHECKING:
     from spec_tot.app import ToTApp
@@ -34,60 +48,6 @@ __all__ = [
     "State",
     "ThoughtGraph",
 ]
-
-START = "__start__"
-END = "__end__"
-
-State = dict[str, Any]
-Update = Mapping[str, Any] | None
-PromptFn = Callable[[State], str]
-ParseFn = Callable[[State, str], Update]
-FunctionFn = Callable[[State], Update]
-ToolFn = Callable[[State], Update | Awaitable[Update]]
-RouterFn = Callable[[State], Hashable]
-ScoreFn = Callable[[Sequence[RewardItem]], Any]
-
-
-class NodeKind(Enum):
-    THOUGHT = "thought"
-    REWARD = "reward"
-    TOOL = "tool"
-    FUNCTION = "function"
-
-
-def _append_step(state: State, text: str) -> Update:
-    return {"steps": [*state.get("steps", ()), text.strip()]}
-
-
-def _default_reward_item(state: State) -> tuple[str, tuple[str, ...]]:
-    return str(state.get("question", "")), tuple(state.get("steps", ()))
-
-
-@dataclass(frozen=True, slots=True)
-class GraphNode:
-    """One node of the graph. Only the fields of its ``kind`` are set."""
-
-    name: str
-    kind: NodeKind
-    prompt: PromptFn | None = None
-    sampling: SamplingParams | None = None
-    parse: ParseFn | None = None
-    fn: FunctionFn | ToolFn | None = None
-    scorer: RewardBackend | ScoreFn | None = None
-    reward_input: Callable[[State], tuple[str, tuple[str, ...]]] | None = None
-    speculable: bool = True
-    pure: bool = False
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class ConditionalEdge:
-    router: RouterFn
-    # router result -> node name; None means the router returns node names itself.
-    path_map: Mapping[Hashable, str] | None
-
-    def targets(self) -> list[str]:
-        return list(self.path_map.values()) if self.path_map is not None else []
 
 
 class ThoughtGraph:
@@ -118,7 +78,7 @@ class ThoughtGraph:
                 NodeKind.THOUGHT,
                 prompt=prompt,
                 sampling=params,
-                parse=parse or _append_step,
+                parse=parse or append_step,
                 metadata=dict(metadata or {}),
             )
         )
@@ -142,7 +102,7 @@ class ThoughtGraph:
                 name,
                 NodeKind.REWARD,
                 scorer=scorer,
-                reward_input=reward_input or _default_reward_item,
+                reward_input=reward_input or default_reward_item,
                 metadata=dict(metadata or {}),
             )
         )

@@ -52,7 +52,7 @@ STYLES: dict[NodeStyle, tuple[str, str, bool, str]] = {
 def answer_node_id(result: ToTResult) -> str | None:
     """The node a result's answer came from (best-scored terminal with that answer)."""
     finals = [n for n in result.tree.terminals() if n.answer == result.answer]
-    finals.sort(key=lambda n: (-(n.reward if n.reward is not None else float("-inf")), n.seq))
+    finals.sort(key=lambda n: (-(n.reward if n.reward is not None else float("-inf")), n.key))
     return finals[0].id if finals else None
 
 

@@ -15,14 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import spec_tot.app
+import spec_tot.executor.batch
 from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
-from spec_tot.config import ExecutorConfig
+from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
+from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.executor.rewards import RewardRouter
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
+from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import (
     Completion,
     FinishReason,
@@ -32,8 +35,8 @@ from spec_tot.requests import (
 )
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
-MODES = ("baseline", "naive", "spex", "specscale", "full")
-SPEC_MODES = ("naive", "spex", "specscale", "full")
+MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")
+SPEC_MODES = ("dedup", "naive", "spex", "specscale", "full")  # compared with baseline
 
 # Small, fast parameters for every policy (answers appear at depth 3 of the scripted backend).
 POLICIES: dict[str, dict[str, Any]] = {
@@ -177,15 +180,44 @@ def check(state: State, answer: str | None) -> bool:
     return answer == "24"
 
 
+def hinted_prompt(state: State) -> str:
+    """The prompt with the last reward in it: a branch's next step depends on the score."""
+    hint = state.get("hint")
+    head = state["question"] if hint is None else f"{state['question']} [hint {hint}]"
+    return "\n".join([head, *state["steps"]])
+
+
+def remember_reward(state: State) -> dict[str, Any]:
+    return {"hint": round(float(state["reward"]), 1)}
+
+
+def route_on_reward(state: State) -> str:
+    """A low score ends the trace (it is terminal without an answer)."""
+    return "done" if is_answer(state) or float(state["reward"]) < 0.3 else "more"
+
+
 def toy_graph(
     *,
     tool_before: Callable[[State], Any] | None = None,
     tool_after: Callable[[State], Any] | None = None,
     pure: bool = False,
     mixed: bool = False,
+    reward_dependent: bool = False,
 ) -> ThoughtGraph:
     """thought -> [tool_before] -> reward -> [tool_after] -> (thought | END); ``mixed``:
-    some intermediate steps end their trace too (``stops_early``)."""
+    some intermediate steps end their trace too (``stops_early``); ``reward_dependent``:
+    a function after the reward writes it into the state, the next prompt shows it, and a
+    low score ends the trace (walks ahead on a provisional reward then often go wrong)."""
+    if reward_dependent:
+        g = ThoughtGraph()
+        g.add_thought("t", hinted_prompt)
+        g.add_reward("r")
+        g.add_function("remember", remember_reward)
+        g.add_edge(START, "t")
+        g.add_edge("t", "r")
+        g.add_edge("r", "remember")
+        g.add_conditional_edges("remember", route_on_reward, {"more": "t", "done": END})
+        return g
     router = route_mixed if mixed else route
     g = ThoughtGraph()
     g.add_thought("t", prompt)
@@ -274,8 +306,8 @@ def fingerprint(result: ToTResult) -> Fingerprint:
 
 # -- live trees and tool calls ---------------------------------------------------------------
 class TreeRegistry:
-    """Patches ``spec_tot.app.SearchTree`` so that every query's live tree is reachable by
-    query id while the query runs (the tool recorder looks branches up there)."""
+    """Patches ``spec_tot.executor.batch.SearchTree`` so that every query's live tree is
+    reachable by query id while the query runs (the tool recorder looks branches up there)."""
 
     def __init__(self) -> None:
         self.trees: dict[str, SearchTree] = {}
@@ -289,7 +321,7 @@ class TreeRegistry:
                 super().__init__(*args, **kwargs)
                 registry.trees[self.query_id] = self
 
-        with mock.patch.object(spec_tot.app, "SearchTree", RegisteredTree):
+        with mock.patch.object(spec_tot.executor.batch, "SearchTree", RegisteredTree):
             yield self
 
 
@@ -320,3 +352,39 @@ class ToolRecorder:
             return {f"{name}_calls": state.get(f"{name}_calls", 0) + 1}
 
         return fn
+
+
+# -- a reward router for unit tests -----------------------------------------------------------
+class OneRuleRouter(RewardRouter):
+    """A RewardRouter whose queries all use one batch rule; a query opens on first sight."""
+
+    def __init__(
+        self,
+        rule: str | LazyVerification | BatchRule,
+        recorder: MetricsRecorder | None = None,
+        *,
+        busy: Callable[[], bool] | None = None,
+        saturated: Callable[[], bool] | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(rule, LazyVerification):
+            rule = LazyRule(rule, busy, saturated)
+        elif rule == "round":
+            rule = RoundRule()
+        elif rule == "eager":
+            rule = EagerRule()
+        assert isinstance(rule, BatchRule)
+        self.rule = rule
+        self.recorder = recorder or MetricsRecorder()
+
+    def _ensure(self, query_id: str) -> None:
+        if query_id not in self._queries:
+            self.open_query(query_id, self.rule, self.recorder, None)
+
+    def expect(self, query_id: str, node_id: str) -> None:
+        self._ensure(query_id)
+        super().expect(query_id, node_id)
+
+    def prepare(self, query_id: str, *args: Any, **kwargs: Any) -> Any:
+        self._ensure(query_id)
+        return super().prepare(query_id, *args, **kwargs)

@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from spec_helpers import LatencyBackend, fingerprint, inputs, make_app, tick_fn
+from spec_helpers import LatencyBackend, OneRuleRouter, fingerprint, inputs, make_app, tick_fn
 
-from spec_tot._private.scoring import RewardRouter
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import ConfigError
-from spec_tot.graph import END, START, GraphNode, NodeKind, ThoughtGraph, _default_reward_item
+from spec_tot.graph import END, START, GraphNode, NodeKind, ThoughtGraph
 from spec_tot.graphs.toy import _answer, _prompt, _route
-from spec_tot.metrics import MetricsRecorder
+from spec_tot.nodes import default_reward_item
 
 
 async def test_full_score_shortcut_never_hangs_on_unstarted_branches() -> None:
@@ -109,20 +108,24 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
         await asyncio.sleep(0.1)
         return [0.5] * len(items)
 
-    node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=_default_reward_item)
+    node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=default_reward_item)
     lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=1.0)
-    router = RewardRouter(None, MetricsRecorder(), lv)
+    router = OneRuleRouter(lv)
     state = {"question": "q", "steps": ["s"]}
-    for _ in range(2):
-        router.segment_started("A", speculative=False)
-    for _ in range(3):
-        router.segment_started("B", speculative=False)
-    a = [
-        asyncio.create_task(router.score("A", f"A/{i}", node, state, speculative=False))
-        for i in range(2)
-    ]
+    for i in range(2):
+        router.expect("A", f"A/{i}")
+    for i in range(3):
+        router.expect("B", f"B/{i}")
+
+    def score(query: str, node_id: str) -> asyncio.Task[tuple[float, ...]]:
+        item, scorer = router.prepare(query, node_id, node, state)
+        return asyncio.create_task(
+            router.score(query, item, scorer, speculative=False, node_name="r")
+        )
+
+    a = [score("A", f"A/{i}") for i in range(2)]
     await asyncio.sleep(0.01)  # A's complete group is now being scored
-    b = asyncio.create_task(router.score("B", "B/0", node, state, speculative=False))
+    b = score("B", "B/0")
     await asyncio.sleep(0.03)
     assert calls == [["A/0", "A/1"]]  # B/0 waits for its own group (or the timer)
     router.forget("B")

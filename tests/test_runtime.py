@@ -141,6 +141,24 @@ async def test_same_seed_same_results_other_seed_differs() -> None:
     assert len(texts) > 4  # not a degenerate constant backend
 
 
+async def test_the_same_question_asked_twice_gets_the_same_answer() -> None:
+    """Seeds derive from the input when no query id is given (not from the auto ids q0,
+    q1, ...), and from the user's query id when one is given."""
+    backend = ScriptedBackend(ScriptedConfig())
+    app = compile_toy(backend=backend, config=ExecutorConfig(seed=5), **BEAM)
+    question = {"question": "toy puzzle 7"}
+    first, second = (await app.arun_batch([question, question])).results
+    assert first.query_id != second.query_id
+    third = await app.ainvoke(question)
+    texts = [sorted(t for t, _ in tree_texts(r).values()) for r in (first, second, third)]
+    assert texts[0] == texts[1] == texts[2]
+    assert first.answer == second.answer == third.answer
+    # an explicit id is the seed key: the same id gives the same texts, another id others
+    named = [await app.ainvoke({**question, "query_id": qid}) for qid in ("a", "a", "b")]
+    assert sorted(tree_texts(named[0]).values()) == sorted(tree_texts(named[1]).values())
+    assert sorted(tree_texts(named[0]).values()) != sorted(tree_texts(named[2]).values())
+
+
 async def test_results_do_not_depend_on_scheduling() -> None:
     # Alone, fast vs. among others with latency and stragglers: same tree, same answer.
     alone = (await _run_toy(3, inputs("qA")))[0]

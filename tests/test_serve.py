@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
-import uvicorn
-from engine_fixtures import assert_pool_free, step_graph, tiny_llama, tiny_prm
+from engine_fixtures import step_graph, tiny_llama, tiny_prm
+from serve_helpers import served
 
 from spec_tot import ExecutorConfig, SamplingParams, ThoughtGraph
 from spec_tot.adapters.local import create_local
-from spec_tot.adapters.local.serve import create_server_app, parse_generate
+from spec_tot.adapters.local.serve import Limits, parse_generate
 from spec_tot.adapters.sglang import create_sglang
 from spec_tot.errors import ConfigError
 from spec_tot.requests import FinishReason, GenerateRequest, RewardItem
@@ -30,31 +29,13 @@ __all__ = ["tiny_llama", "tiny_prm"]
 torch.set_num_threads(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
-async def served(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[Any, str]]:
+async def served_backend(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[Any, str]]:
     backend = create_local(policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8)
-    port = _free_port()
-    config = uvicorn.Config(
-        create_server_app(backend), host="127.0.0.1", port=port, log_level="error", lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
     try:
-        yield backend, f"http://127.0.0.1:{port}"
+        async with served(backend) as url:
+            yield backend, url
     finally:
-        server.should_exit = True
-        await task
-        await backend.flush()
-        assert backend.num_inflight == 0
-        assert_pool_free(backend.engine)
         await backend.aclose()
 
 
@@ -66,8 +47,8 @@ def _request(rid: str, seed: int, max_tokens: int = 12) -> GenerateRequest:
     )
 
 
-async def test_same_samples_over_http_as_direct(served: tuple[Any, str]) -> None:
-    backend, url = served
+async def test_same_samples_over_http_as_direct(served_backend: tuple[Any, str]) -> None:
+    backend, url = served_backend
     remote = create_sglang(urls=[url], dedup=False)
     try:
         for seed in (1, 2, 3):
@@ -79,8 +60,8 @@ async def test_same_samples_over_http_as_direct(served: tuple[Any, str]) -> None
         await remote.aclose()
 
 
-async def test_prefix_abort_reaches_the_engine(served: tuple[Any, str]) -> None:
-    backend, url = served
+async def test_prefix_abort_reaches_the_engine(served_backend: tuple[Any, str]) -> None:
+    backend, url = served_backend
     remote = create_sglang(urls=[url], dedup=False)
     try:
         long = [
@@ -99,8 +80,8 @@ async def test_prefix_abort_reaches_the_engine(served: tuple[Any, str]) -> None:
         await remote.aclose()
 
 
-async def test_classify_returns_the_prm_score_as_a_logit(served: tuple[Any, str]) -> None:
-    backend, url = served
+async def test_classify_returns_the_prm_score_as_a_logit(served_backend: tuple[Any, str]) -> None:
+    backend, url = served_backend
     items = [RewardItem("a", "1 2 3 4", ("1+2=3 (left: 3 3 4)",))]
     direct = await backend.score(items)
     async with httpx.AsyncClient() as client:
@@ -111,8 +92,8 @@ async def test_classify_returns_the_prm_score_as_a_logit(served: tuple[Any, str]
     assert 1 / (1 + math.exp(-logit)) == pytest.approx(direct[0][-1], abs=1e-5)
 
 
-async def test_bad_requests_name_the_field(served: tuple[Any, str]) -> None:
-    _backend, url = served
+async def test_bad_requests_name_the_field(served_backend: tuple[Any, str]) -> None:
+    _backend, url = served_backend
     async with httpx.AsyncClient() as client:
         reply = await client.post(f"{url}/generate", json={"sampling_params": {}})
         assert reply.status_code == 400 and "text" in reply.json()["error"]["message"]
@@ -121,15 +102,15 @@ async def test_bad_requests_name_the_field(served: tuple[Any, str]) -> None:
         )
         assert reply.status_code == 400 and "top_p" in reply.json()["error"]["message"]
     with pytest.raises(ConfigError, match="sampling_params"):
-        parse_generate({"text": "x", "sampling_params": [1]})
+        parse_generate({"text": "x", "sampling_params": [1]}, Limits(128, 512, 8192))
 
 
 def _graph() -> ThoughtGraph:
     return step_graph(max_tokens=8, depth=2)
 
 
-async def test_full_executor_same_answers_over_http(served: tuple[Any, str]) -> None:
-    backend, url = served
+async def test_full_executor_same_answers_over_http(served_backend: tuple[Any, str]) -> None:
+    backend, url = served_backend
     questions = [{"question": f"{i} 2 3 4", "query_id": f"p{i}"} for i in range(3)]
     direct_app = _graph().compile(
         search="beam",

@@ -225,6 +225,13 @@ class LocalBackend(GenerationBackend, RewardBackend):
         if self.engine is not None and not self._closed:
             await self._call("flush", None)
 
+    async def flush_prefix_cache(self) -> bool:
+        """Drop the engine's prefix cache while it is idle; False (nothing done) while
+        requests run or wait."""
+        if self.engine is None or self._closed:
+            return False
+        return bool(await self._call("flush_prefix_cache", None))
+
     def count_tokens(self, text: str) -> int:
         if self.engine is None:
             return max(1, len(text) // 4)
@@ -339,6 +346,8 @@ class LocalBackend(GenerationBackend, RewardBackend):
             self._pending.pop(payload, None)
         elif kind == "flush":
             self._stats = engine.stats()
+        elif kind == "flush_prefix_cache":
+            value = not engine.has_unfinished() and engine.block_manager.reset_prefix_cache()
         elif kind == "stop":
             return False
         if loop is not None and fut is not None:

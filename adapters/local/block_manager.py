@@ -54,6 +54,16 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return len(self.blocks) - len(self._free)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (SGLang's ``/flush_cache``); only when no block is in
+        use, as SGLang flushes only while idle. Returns whether it did."""
+        if self.num_used_blocks:
+            return False
+        self._hash_to_block.clear()
+        for block in self.blocks:
+            block.hash, block.token_ids = -1, ()
+        return True
+
     # -- internals --------------------------------------------------------------------------
     def _pop_free(self) -> int:
         block_id, _ = self._free.popitem(last=False)  # least recently freed first

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from spec_tot.errors import GraphValidationError
+from spec_tot.nodes import END, START, NodeKind
 
 if TYPE_CHECKING:
     from spec_tot.graph import ThoughtGraph
@@ -17,7 +18,6 @@ def successors(graph: ThoughtGraph, name: str, *, opaque: bool = True) -> list[s
     """Possible next nodes. A router without a path map may return any node or END when
     ``opaque``; with ``opaque=False`` its edges are left out (the checks that would only
     produce false alarms then run at run time instead)."""
-    from spec_tot.graph import END
 
     if name in graph.branches:
         branch = graph.branches[name]
@@ -28,7 +28,6 @@ def successors(graph: ThoughtGraph, name: str, *, opaque: bool = True) -> list[s
 
 
 def validate_graph(graph: ThoughtGraph, *, has_default_reward: bool) -> None:
-    from spec_tot.graph import END, START, NodeKind
 
     known = set(graph.nodes)
     for source in (*graph.edges, *graph.branches):
@@ -77,7 +76,6 @@ def _reach(
 ) -> set[str]:
     """Nodes reachable from ``start`` (exclusive of start unless revisited), not walking past
     nodes in ``stop_at``."""
-    from spec_tot.graph import END
 
     seen: set[str] = set()
     stack = [t for s in start for t in successors(graph, s, opaque=opaque)]
@@ -93,7 +91,6 @@ def _reach(
 
 def _check_cycles(graph: ThoughtGraph) -> None:
     """Every cycle must cross a reward node, or the executor would loop with no barrier."""
-    from spec_tot.graph import NodeKind
 
     rewards = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.REWARD)
     for name in sorted(graph.nodes):
@@ -105,7 +102,6 @@ def _check_cycles(graph: ThoughtGraph) -> None:
 
 def _check_reward_placement(graph: ThoughtGraph) -> None:
     """A thought must be scored before END, and a reward needs a thought before it."""
-    from spec_tot.graph import END, START, NodeKind
 
     rewards = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.REWARD)
     thoughts = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.THOUGHT)

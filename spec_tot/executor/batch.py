@@ -1,0 +1,168 @@
+"""Running a batch of queries on one backend: each query gets its controller, the batch its
+metrics, and every query the backend's shared reward router and speculation budget (its
+``BackendHub``: one per backend, whatever the app, batch or call).
+
+Seeds follow ``spec_tot.executor.seeds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spec_tot._private.compiled import CompiledGraph
+from spec_tot.backends import GenerationBackend
+from spec_tot.config import ExecutorConfig
+from spec_tot.events import EventSink
+from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.executor.budget import SpeculationBudget
+from spec_tot.executor.context import QueryContext
+from spec_tot.executor.controller import QueryController, record_for
+from spec_tot.executor.hub import QueryInput, hub_for
+from spec_tot.executor.rewards import RewardRouter, calibrated_lv
+from spec_tot.executor.seeds import query_seed
+from spec_tot.metrics import MetricsRecorder
+from spec_tot.nodes import State
+from spec_tot.policies.base import SearchPolicy
+from spec_tot.results import BatchResult, ToTResult
+from spec_tot.tree import SearchTree
+
+__all__ = ["Program", "run_queries"]
+
+
+@dataclass(frozen=True, slots=True)
+class Program:
+    """What a batch needs of a compiled app."""
+
+    graph: CompiledGraph
+    policy_factory: Callable[[], SearchPolicy]
+    backend: GenerationBackend
+    reward: Any  # the default scorer (RewardBackend, callable or None)
+    config: ExecutorConfig
+    answer_fn: Callable[[State], str | None]
+    check: Callable[[State, str | None], bool] | None
+
+
+def _batch_rule(program: Program, budget: SpeculationBudget) -> BatchRule:
+    config = program.config
+    spec = config.speculation
+    if spec.round_rewards:
+        return RoundRule()
+    if spec.lv is None:
+        return EagerRule()
+    caps = program.backend.capabilities
+    lv = calibrated_lv(spec.lv, config.speculation_overrides.get("lv"), caps)
+    capacity = caps.saturation_batch
+    busy = None
+    if spec.adaptive:
+        busy = lambda: budget.committed >= capacity  # noqa: E731
+    # Loaded: committed work fills half the engine's saturation batch. LV's time rules then
+    # rest (an early score only steers speculation, worth little then).
+    saturated = lambda: 2 * budget.committed >= capacity  # noqa: E731
+    return LazyRule(lv, busy, saturated)
+
+
+async def run_queries(
+    program: Program,
+    queries: Sequence[QueryInput],
+    *,
+    max_concurrency: int,
+    on_result: Callable[[ToTResult], None] | None = None,
+    on_event: EventSink | None = None,
+    release: Callable[[str], None] | None = None,
+) -> BatchResult:
+    """Run ``queries`` concurrently (at most ``max_concurrency`` at once); one's failure
+    never stops the others. ``release(query_id)`` is called as each one ends."""
+    config = program.config
+    recorder = MetricsRecorder(goodput_deadline_s=config.goodput_deadline_s)
+    hub = hub_for(program.backend)
+    budget, router = hub.budget, hub.router()
+    rule = _batch_rule(program, budget)
+    limit = asyncio.Semaphore(max_concurrency)
+
+    async def one(query: QueryInput) -> ToTResult:
+        try:
+            async with limit:
+                result = await _run_one(
+                    program, query, recorder, router, rule, budget, on_event=on_event
+                )
+        finally:
+            if release is not None:
+                release(query.query_id)
+        if on_result is not None:
+            on_result(result)
+        return result
+
+    loop = asyncio.get_running_loop()
+    started, cpu_started = loop.time(), time.thread_time()
+    results = await asyncio.gather(*(one(q) for q in queries))
+    wall = loop.time() - started
+    # CPU of the event-loop thread: the executor's own cost (engines run elsewhere).
+    recorder.executor_cpu_s = time.thread_time() - cpu_started
+    peak_kv = int(program.backend.stats().get("peak_kv_blocks", 0))
+    return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
+
+
+async def _run_one(
+    program: Program,
+    query: QueryInput,
+    recorder: MetricsRecorder,
+    router: RewardRouter,
+    rule: BatchRule,
+    budget: SpeculationBudget,
+    *,
+    on_event: EventSink | None,
+) -> ToTResult:
+    state, query_id, config = query.state, query.query_id, program.config
+    tree = SearchTree(query_id, str(state["question"]), state)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, answer, truncated = "ok", None, False
+    errors: tuple[str, ...] = ()
+    try:
+        ctx = QueryContext(
+            graph=program.graph,
+            tree=tree,
+            policy=program.policy_factory(),
+            backend=program.backend,
+            rewards=router,
+            recorder=recorder,
+            config=config,
+            answer_fn=program.answer_fn,
+            seed=query_seed(config.seed, query.seed_key),
+            budget=budget,
+            on_event=on_event,
+        )
+        router.open_query(query_id, rule, recorder, program.reward, config.query_timeout_s)
+        async with asyncio.timeout(config.query_timeout_s):
+            outcome = await QueryController(ctx).run()
+        answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
+        if answer is None and errors:
+            status = "failed"
+    except TimeoutError:
+        status = "timeout"
+        errors = (f"query {query_id} exceeded {config.query_timeout_s}s",)
+    except asyncio.CancelledError:
+        recorder.query_finished(record_for(tree, "cancelled", False, loop.time() - started))
+        raise
+    except Exception as exc:
+        status, errors = "failed", (f"{query_id}: {type(exc).__name__}: {exc}",)
+    text = answer.text if answer is not None else None
+    solved = bool(program.check(state, text)) if program.check is not None and text else False
+    record = record_for(tree, status, solved, loop.time() - started)
+    recorder.query_finished(record)
+    return ToTResult(
+        query_id=query_id,
+        answer=text,
+        score=answer.score if answer is not None else None,
+        solved=solved,
+        status=status,
+        tree=tree,
+        latency_s=record.latency_s,
+        errors=tuple(errors),
+        truncated=truncated,
+        votes=dict(answer.votes) if answer is not None else {},
+    )

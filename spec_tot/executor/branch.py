@@ -1,0 +1,256 @@
+"""The branch runner of one query: one asyncio task per node runs (or runs again) its
+segment (``spec_tot.executor.segment``); it cancels, detaches and restarts branches as walks
+change, keeps speculative branches within their T2 slots, and tells the controller what
+happened.
+
+A committed branch is always reported (SCORED or CANCELLED) exactly once. When a node's walk
+changes (a provisional walk, then the real one), its children derive again: a running child
+notices after its current wait, a finished one is restarted (its memo makes that cheap). A
+node whose walk ends (terminal) or is lost (it failed) has its speculative children detached:
+taken out of the tree so that their ids are free for the children a later expansion creates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from spec_tot.executor.context import QueryContext
+from spec_tot.executor.segment import Cancelled, Memo, Replay, Segment
+from spec_tot.nodes import State
+from spec_tot.tree import Node, NodeStatus
+
+__all__ = ["BranchRunner"]
+
+
+class BranchRunner:
+    def __init__(
+        self, ctx: QueryContext, report: Callable[[Node], None], changed: Callable[[], None]
+    ) -> None:
+        """``report(node)``: a committed branch is done; ``changed()``: a walk changed or a
+        speculative branch stopped using the engine (a new prediction may fit)."""
+        self.ctx = ctx
+        self._report = report
+        self._changed = changed
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._retiring: dict[str, asyncio.Task[None]] = {}  # detached nodes' last tasks
+        self._memo: dict[Node, Memo] = {}
+        self._killed: set[Node] = set()  # cancelled by the controller: never restarted
+        self.failed: dict[Node, str] = {}  # the last failure of each node
+        self._final: dict[str, asyncio.Event] = {}
+        self._committed: dict[str, asyncio.Event] = {}
+        self.generating: set[str] = set()  # nodes whose request is on the backend now
+        self._slots: set[Node] = set()  # speculative nodes holding a T2 slot
+        self._aborts: dict[asyncio.Task[int], str] = {}  # abort calls in flight -> prefix
+
+    # -- queries from the controller ------------------------------------------------------------
+    def running(self, node: Node) -> bool:
+        """A run of ``node`` exists whose end is not processed yet (it will report)."""
+        return node.id in self.tasks
+
+    def killed(self, node: Node) -> bool:
+        return node in self._killed
+
+    def speculative_generating(self) -> int:
+        return len(self._slots)
+
+    # -- starting, committing and cancelling --------------------------------------------------
+    def start(self, child: Node, parent: Node) -> None:
+        ctx = self.ctx
+        if child.speculative:
+            ctx.recorder.speculative_nodes += 1
+            self.hold_slot(child)  # reserved now: grants in this tick count it
+        else:
+            child.status = NodeStatus.RUNNING
+        ctx.emit("expanded", child, parent=parent.id, depth=child.depth)
+        self._launch(child)
+
+    def restart(self, node: Node) -> None:
+        """Derive ``node`` again (its parent's walk changed, or it was adopted stale)."""
+        if node.status is NodeStatus.CANCELLED:
+            node.status = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
+        self.failed.pop(node, None)
+        self._launch(node)
+
+    def _launch(self, node: Node) -> None:
+        if not node.speculative:
+            self.ctx.rewards.expect(self.ctx.query_id, node.id)
+        before = self._retiring.pop(node.id, None)
+        task = asyncio.create_task(self._run(node, before), name=node.id)
+        self.tasks[node.id] = task
+        task.add_done_callback(lambda t: self._done(node, t))
+
+    def adopted(self, node: Node) -> None:
+        """``node`` was adopted: it counts for its round, and may pass non-pure tools."""
+        if self.running(node) and node.reward is None:
+            self.ctx.rewards.expect(self.ctx.query_id, node.id)
+        event = self._committed.pop(node.id, None)
+        if event is not None:
+            event.set()
+
+    def cancel(self, node: Node) -> None:
+        """Cancel a speculative subtree. A request still generating is aborted on the
+        backend, so it returns what it produced (counted as wasted tokens) and frees its KV
+        at once; a branch waiting elsewhere (reward queue, tool) is cancelled outright."""
+        aborting = False
+        for sub in node.subtree():
+            if sub.speculative:
+                self._killed.add(sub)
+                if sub.status is not NodeStatus.CANCELLED:
+                    sub.status = NodeStatus.CANCELLED
+                    self.ctx.emit("cancelled", sub)
+            task = self.tasks.get(sub.id)
+            if sub.id in self.generating:
+                aborting = True
+            elif task is not None:
+                task.cancel()
+        if aborting:
+            abort = asyncio.get_running_loop().create_task(self.ctx.backend.abort(node.id))
+            self._aborts[abort] = node.id
+            abort.add_done_callback(lambda t: self._aborts.pop(t, None))
+
+    def _detach_children(self, node: Node) -> None:
+        """``node``'s walk ended or was lost: its speculative children go, ids freed."""
+        if not node.children:
+            return
+        for child in list(node.children):
+            self.cancel(child)
+        for sub in self.ctx.tree.detach_children(node):
+            task = self.tasks.pop(sub.id, None)
+            if task is not None and not task.done():
+                self._retiring[sub.id] = task  # a new node with this id waits for it
+            self._memo.pop(sub, None)
+            self.failed.pop(sub, None)
+            self._final.pop(sub.id, None)
+            self._committed.pop(sub.id, None)
+
+    # -- events and slots ---------------------------------------------------------------------
+    def final_event(self, node: Node) -> asyncio.Event:
+        event = self._final.setdefault(node.id, asyncio.Event())
+        if node.final:
+            event.set()
+        return event
+
+    def committed_event(self, node: Node) -> asyncio.Event:
+        return self._committed.setdefault(node.id, asyncio.Event())
+
+    def hold_slot(self, node: Node) -> None:
+        if node not in self._slots:
+            self._slots.add(node)
+            self.ctx.budget.started(self.ctx.query_id)
+
+    def release_slot(self, node: Node, *, notify: bool = True) -> None:
+        if node in self._slots:
+            self._slots.discard(node)
+            self.ctx.budget.finished(self.ctx.query_id)
+            if notify:
+                self._changed()
+
+    # -- walks --------------------------------------------------------------------------------
+    def set_walk(self, node: Node, resume: str | None, state: State, *, provisional: bool) -> None:
+        """``node`` walked past its reward edge (with its real reward, or ahead with a
+        provisional one): record it; its children derive again; a final walk opens the
+        tool barriers of the branches below it."""
+        ctx = self.ctx
+        node.state, node.resume_at, node.terminal = state, resume, resume is None
+        node.answer = ctx.answer_fn(state) if node.terminal else None
+        node.walk_version += 1
+        parent = node.parent
+        node.final = (
+            not provisional
+            and node.reward is not None
+            and (parent is None or (node.current and parent.final))
+        )
+        if not provisional:
+            ctx.emit(
+                "scored",
+                node,
+                text=node.text,
+                reward=node.reward,
+                terminal=node.terminal,
+                answer=node.answer,
+            )
+        if node.terminal:
+            self._detach_children(node)
+        for child in list(node.children):
+            if child not in self._killed and not self.running(child):
+                self.restart(child)
+        if node.final:
+            self.final_event(node).set()
+        self._changed()
+
+    # -- one run ------------------------------------------------------------------------------
+    async def _run(self, node: Node, before: asyncio.Task[None] | None) -> None:
+        ctx = self.ctx
+        # A detached node of the same id may still be ending, or its abort on its way: a
+        # request with this id must not start before both are done.
+        waits: set[asyncio.Future[Any]] = {
+            t for t, prefix in self._aborts.items() if _covers(prefix, node.id)
+        }
+        if before is not None:
+            waits.add(before)
+        if waits:
+            await asyncio.wait(waits)
+        memo = self._memo.setdefault(node, Memo())
+        try:
+            while True:
+                try:
+                    await Segment(self, node, memo).derive()
+                    break
+                except Replay:
+                    continue
+            if not node.speculative:
+                node.status = NodeStatus.SCORED
+        except Cancelled:
+            node.status = NodeStatus.CANCELLED
+        except asyncio.CancelledError:
+            node.status = NodeStatus.CANCELLED
+            raise
+        except Exception as exc:  # one branch's failure must not end the query
+            node.status = NodeStatus.CANCELLED
+            self.failed[node] = f"{node.id}: {type(exc).__name__}: {exc}"
+            if not node.speculative:
+                ctx.errors.append(self.failed[node])
+            self._detach_children(node)
+
+    def _done(self, node: Node, task: asyncio.Task[None]) -> None:
+        """A run's bookkeeping, once, whether it ended or was cancelled before it began."""
+        if self.tasks.get(node.id) is task:
+            del self.tasks[node.id]
+        if task.cancelled() and not node.status.final:
+            node.status = NodeStatus.CANCELLED
+        self.release_slot(node, notify=False)
+        self.ctx.rewards.release(self.ctx.query_id, node.id)
+        if node.parent is not None and node not in node.parent.children:
+            return  # detached: nobody waits for it
+        if not node.current and node not in self._killed and not self.ctx.closed:
+            self.restart(node)  # its parent's walk changed as it ended: derive again
+            return
+        if not node.speculative:
+            if node.status is NodeStatus.RUNNING:  # adopted after its run ended well
+                ok = node.final and node.reward is not None and node not in self.failed
+                node.status = NodeStatus.SCORED if ok else NodeStatus.CANCELLED
+            self._report(node)
+        elif node.status is not NodeStatus.CANCELLED:
+            self._changed()  # a finished speculative node: keep the engine busy
+
+    # -- the end ------------------------------------------------------------------------------
+    async def shutdown(self) -> None:
+        """Stop every branch first (no tool may run once the query is over), then abort on
+        the backend: requests still registered there end at once and free their KV,
+        whatever each backend does on task cancellation."""
+        ctx = self.ctx
+        ctx.closed = True
+        tasks = [*self.tasks.values(), *self._retiring.values()]
+        for task in tasks:
+            task.cancel()
+        await ctx.backend.abort(ctx.query_id)
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _covers(prefix: str, node_id: str) -> bool:
+    return node_id == prefix or node_id.startswith(prefix + "/")

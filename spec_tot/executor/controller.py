@@ -1,0 +1,282 @@
+"""The controller: one per query. The consumer loop takes committed nodes as they are scored,
+tells the policy, commits what it selects, prunes what can no longer be selected and
+speculates on what it predicts.
+
+Speculative children get the ids the committed search would give them (``parent/i``) and
+seeds derived from those ids, so an adopted speculative node is exactly the node the
+baseline would have generated. A query's failure, timeout or cancellation touches no other
+query and always ends with ``abort(query_id)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spec_tot.errors import ExecutionError
+from spec_tot.executor.branch import BranchRunner
+from spec_tot.executor.context import QueryContext
+from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
+from spec_tot.metrics import QueryRecord
+from spec_tot.nodes import GraphNode
+from spec_tot.policies.base import Answer, Candidate, Expansion, startable_width
+from spec_tot.tree import Node, NodeStatus, SearchTree
+
+__all__ = ["QueryController", "QueryOutcome", "record_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOutcome:
+    tree: SearchTree
+    answer: Answer | None
+    errors: tuple[str, ...]
+    truncated: bool
+
+
+class QueryController:
+    """Runs one query's search to completion under the configured mode."""
+
+    def __init__(self, ctx: QueryContext) -> None:
+        self.ctx = ctx
+        self.tree = ctx.tree
+        self.policy = ctx.policy
+        self.spec = ctx.spec
+        self._reported: asyncio.Queue[Node] = asyncio.Queue()
+        self.branches = BranchRunner(ctx, self._reported.put_nowait, self._speculate_later)
+        self._outstanding = 0
+        self._round: list[Node] = []  # committed children of the latest commit
+        self._truncated = False
+        self._speculate_soon = False
+        # Without T2 a prediction still asks for no more than one saturated batch: MCTS
+        # prediction simulates a selection per slot, and its CPU cost grows with the ask.
+        self._predict_cap = ctx.backend.capabilities.saturation_batch
+
+    # -- the consumer loop --------------------------------------------------------------------
+    async def run(self) -> QueryOutcome:
+        try:
+            await self._search()
+        finally:
+            await self._shutdown()
+        answer = self.policy.answer(self.tree)
+        if answer is not None:
+            self.ctx.emit(
+                "answer", self.tree.get(answer.node_id or ""), text=answer.text, score=answer.score
+            )
+        return QueryOutcome(self.tree, answer, tuple(self.ctx.errors), self._truncated)
+
+    async def _search(self) -> None:
+        ctx, root = self.ctx, self.tree.root
+        try:
+            entry = ctx.graph.entry(root.state)
+            resume, root.state = await ctx.graph.walk_to_thought(entry, root.state, _no_wait)
+        except Exception as exc:
+            ctx.errors.append(f"{root.id}: {type(exc).__name__}: {exc}")
+            return
+        root.resume_at = resume
+        if resume is None:
+            ctx.errors.append("the graph reached END before any thought node")
+            return
+        self._commit(self.policy.initial(self.tree))
+        self._speculate()
+        while self._outstanding:
+            batch = [await self._reported.get()]
+            while not self._reported.empty():
+                batch.append(self._reported.get_nowait())
+            self._outstanding -= len(batch)
+            batch.sort(key=lambda n: n.key)
+            if self.spec.ep:
+                early_prune(self.ctx, self.branches, self._round)
+            expansions = self.policy.on_reward(self.tree, batch)
+            if self.policy.done(self.tree) or self._terminate_early():
+                return
+            if expansions and self.policy.discards_unselected:
+                discard_unselected(self.branches, self._round, expansions)
+            self._commit(expansions)
+            self._speculate()
+
+    def _terminate_early(self) -> bool:
+        spec = self.spec
+        if not spec.early_termination:
+            return False
+        answer = self.policy.answer(self.tree)
+        text = answer.text if answer is not None else None
+        return should_terminate(self.tree, spec.et_min_answers, spec.et_alpha, text)
+
+    # -- committing ---------------------------------------------------------------------------
+    def _commit(self, expansions: Sequence[Expansion]) -> None:
+        if expansions:
+            self._round = []
+        for expansion in expansions:
+            parent = self._expandable(expansion.parent_id)
+            # Failed speculative children are adopted too (as failures): the baseline would
+            # have generated, and failed, the very same node ids.
+            spare = [c for c in parent.children if c.speculative]
+            for child in spare[: expansion.width]:
+                self._adopt(child)
+            for child in spare[expansion.width :]:
+                self.branches.cancel(child)
+            for _ in range(expansion.width - min(len(spare), expansion.width)):
+                if len(self.tree) >= self.ctx.config.max_nodes:
+                    self._truncated = True
+                    return
+                child = self.tree.add_child(parent)
+                self._round.append(child)
+                self._outstanding += 1
+                self.branches.start(child, parent)
+
+    def _expandable(self, node_id: str) -> Node:
+        parent = self.tree.get(node_id)
+        if parent is None or parent.status is not NodeStatus.SCORED or parent.terminal:
+            raise ExecutionError(
+                f"policy {self.policy.name!r} asked to expand {node_id!r}, "
+                "which is not a scored non-terminal node"
+            )
+        return parent
+
+    def _adopt(self, child: Node) -> None:
+        ctx, branches = self.ctx, self.branches
+        ctx.emit("speculative_hit", child)
+        child.speculative = False
+        ctx.recorder.speculative_hits += 1
+        ctx.budget.hit(ctx.query_id)
+        self._round.append(child)
+        self._outstanding += 1
+        branches.adopted(child)
+        failure = branches.failed.get(child)
+        if branches.running(child):  # it reports when its run ends
+            child.status = NodeStatus.RUNNING
+        elif failure is not None:  # the baseline would have failed this very node too
+            ctx.errors.append(failure)
+            child.status = NodeStatus.CANCELLED
+            self._reported.put_nowait(child)
+        elif child.final and child.reward is not None:
+            child.status = NodeStatus.SCORED
+            self._reported.put_nowait(child)
+        else:  # derived from a walk its parent no longer has: derive again, committed
+            child.status = NodeStatus.RUNNING
+            branches.restart(child)
+
+    # -- speculating --------------------------------------------------------------------------
+    def _speculate_later(self) -> None:
+        """One prediction per loop tick, however many branches finished in it."""
+        if not self._speculate_soon and not self.ctx.closed:
+            self._speculate_soon = True
+            asyncio.get_running_loop().call_soon(self._speculate_tick)
+
+    def _speculate_tick(self) -> None:
+        self._speculate_soon = False
+        self._speculate()
+
+    def _speculate(self) -> None:
+        ctx, spec = self.ctx, self.spec
+        if spec.speculate == "off" or ctx.closed:
+            return
+        room = spec.max_speculative_per_query - self.branches.speculative_generating()
+        if spec.budget:
+            # Predict no more than the global budget could grant: prediction runs the
+            # policy forward, and its cost grows with what it is asked for.
+            room = min(room, ctx.budget.room())
+        if room <= 0:
+            return
+        predicted = self.policy.predict(self.tree, min(room, self._predict_cap))
+        if spec.speculate == "all":
+            predicted = self._every_known_candidate(predicted)
+        depth = self._depth_cap()
+        candidates: list[tuple[Node, int, float]] = []
+        for c in predicted:
+            parent = self.tree.get(c.parent_id)
+            if parent is None or parent.resume_at is None or self.branches.killed(parent):
+                continue
+            # ``c.width`` is what the node lacks; it must still lack it now
+            width = min(c.width, startable_width(parent, len(parent.children) + c.width))
+            if width > 0 and _level(parent) < depth:
+                candidates.append((parent, width, c.utility))
+        if not candidates:
+            return
+        if spec.budget:
+            wanted = sum(w for _, w, _ in candidates)
+            best = max(u for _, _, u in candidates)
+            room = ctx.budget.grant(ctx.query_id, wanted, best, spec.tau)
+        for parent, width, _ in candidates:
+            for _ in range(min(width, room)):
+                if len(self.tree) >= ctx.config.max_nodes:
+                    return
+                self.branches.start(self.tree.add_child(parent, speculative=True), parent)
+                room -= 1
+            if room <= 0:
+                return
+
+    def _depth_cap(self) -> int:
+        """SPEX T1's k: how many levels below the committed frontier speculation may go;
+        adaptive from the query's hit rate under T2 (a query whose guesses miss stays
+        shallow), ``max_spec_depth`` at most."""
+        cap = self.spec.max_spec_depth
+        if not self.spec.budget or cap <= 1:
+            return cap
+        rate = self.ctx.budget.hit_rate(self.ctx.query_id)
+        return cap if rate >= 0.5 else max(1, round(2 * rate * cap))
+
+    def _every_known_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
+        """Naive continuation (the papers' strawman, and SpecScale's speculation): every
+        known, unfinished candidate of the round is continued at once (its reward may still
+        be pending), at the widest width the policy would give any node; MCTS-like
+        policies keep their own predictions."""
+        if not self.policy.discards_unselected:
+            return predicted
+        width = max((c.width for c in predicted), default=1)
+        chosen = {c.parent_id for c in predicted}
+        rest = [
+            Candidate(n.id, width, 0.0)
+            for n in self._round
+            if n.id not in chosen
+            and n.depth < self.policy.max_depth
+            and startable_width(n, width) == width
+        ]
+        return [*predicted, *rest]
+
+    # -- the end ------------------------------------------------------------------------------
+    async def _shutdown(self) -> None:
+        ctx = self.ctx
+        await self.branches.shutdown()
+        for node in self.tree.nodes():
+            # Never adopted (wasted work), or stopped before it finished (early exit).
+            unfinished = node.status in (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.DONE)
+            if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
+                node.status = NodeStatus.CANCELLED
+        ctx.rewards.forget(ctx.query_id)
+        ctx.budget.forget(ctx.query_id)
+
+
+async def _no_wait(_tool: GraphNode) -> None:
+    return None
+
+
+def _level(node: Node) -> int:
+    """How far below the committed frontier ``node`` is: 0 for a committed scored node, one
+    more for each node above it up to one (a speculative node, or a committed one whose
+    reward is pending)."""
+    level = 0
+    current: Node | None = node
+    while current is not None and (current.speculative or current.status is not NodeStatus.SCORED):
+        level += 1
+        current = current.parent
+    return level
+
+
+def record_for(tree: SearchTree, status: str, solved: bool, latency_s: float) -> QueryRecord:
+    """One query's line in the run metrics."""
+    nodes = list(tree.nodes())
+    return QueryRecord(
+        query_id=tree.query_id,
+        status=status,
+        solved=solved,
+        latency_s=latency_s,
+        output_tokens=sum(n.num_tokens for n in nodes) + sum(n.num_tokens for n in tree.discarded),
+        wasted_tokens=sum(
+            n.num_tokens for n in nodes if n.status is NodeStatus.CANCELLED or n.speculative
+        )
+        + sum(n.num_tokens for n in tree.discarded)
+        + sum(n.discarded_tokens for n in nodes),
+        nodes=len(nodes) - 1,
+    )

@@ -1,0 +1,40 @@
+"""The seed rule: every request's sampling seed is a pure function of the config's base seed,
+the query's *seed key* and the request's path below the query's root.
+
+The seed key is the user's ``query_id`` when given, else the input itself (its canonical
+JSON), never an auto-assigned ``q<n>`` id: the same question asked twice of one app gets the
+same answer, and a node's sample never depends on scheduling or executor mode. Another
+runtime that wants the executor's samples (a LangGraph run of the same graph) uses
+``request_seed``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from spec_tot._private.compiled import stable_seed
+from spec_tot.nodes import State
+
+__all__ = ["query_seed", "request_seed", "seed_key"]
+
+
+def seed_key(state: State, explicit_id: str | None) -> str:
+    """The user's query id when given, else the input's canonical JSON (values JSON cannot
+    hold are written with ``str``)."""
+    if explicit_id is not None:
+        return f"id:{explicit_id}"
+    content = {k: v for k, v in state.items() if k != "query_id"}
+    return "input:" + json.dumps(content, sort_keys=True, default=str)
+
+
+def query_seed(base_seed: int, key: str) -> int:
+    return stable_seed(base_seed, key)
+
+
+def request_seed(base_seed: int, query_id: str, request_id: str, key: str | None = None) -> int:
+    """The seed of ``request_id`` (``query_id/...``) in a query whose seed key is ``key``
+    (default: the explicit ``query_id``)."""
+    if not request_id.startswith(query_id):
+        raise ValueError(f"request {request_id!r} is not under query {query_id!r}")
+    qseed = query_seed(base_seed, key if key is not None else f"id:{query_id}")
+    return stable_seed(qseed, request_id[len(query_id) :])
