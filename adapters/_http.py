@@ -118,8 +118,14 @@ class EndpointPool(Routing, Probing):
             timeout = httpx.Timeout(
                 self.config.read_timeout_s, connect=self.config.connect_timeout_s
             )
-            # No keep-alive cap: many concurrent streams per worker is the normal case.
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            # No connection cap: many concurrent streams per worker is the normal case. No
+            # keep-alive: httpcore 1.0.9 hands one idle connection to every request of a
+            # burst that enters its pool together, and all but one then open new connections
+            # one after another (encode/httpcore#1110-#1111, fixed in pydantic/httpx2#1075),
+            # so the executor's bursts reached the server as a trickle (Game of 24 over
+            # spec-tot serve: 2-3x slower, the engine's merging of identical prompts lost).
+            # A fresh connection per request costs one handshake, made in parallel.
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
             self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
     @property

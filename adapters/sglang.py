@@ -106,6 +106,7 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         self.config = config
         self.pool = pool or EndpointPool(list(config.urls), config.http)
         self._info: dict[str, Any] | None = None
+        self._info_fetch: asyncio.Future[tuple[str, Any]] | None = None
         self._members: dict[str, Member] = {}
         self._groups: dict[str, WireGroup] = {}
         self._collecting: dict[Any, WireGroup] = {}
@@ -154,9 +155,12 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         return max((group.progress.get(i, 0) for i in span), default=0)
 
     async def server_info(self) -> dict[str, Any]:
-        """``/get_server_info`` of one worker, cached; capabilities are sized from it."""
+        """``/get_server_info`` of one worker, cached; capabilities are sized from it. The
+        first requests of a burst share one fetch (not one each)."""
         if self._info is None:
-            _, info = await self.pool.json("GET", "/get_server_info")
+            if self._info_fetch is None or self._info_fetch.done():
+                self._info_fetch = asyncio.ensure_future(self.pool.json("GET", "/get_server_info"))
+            _, info = await asyncio.shield(self._info_fetch)
             self._info = info if isinstance(info, dict) else {}
         return self._info
 
@@ -216,6 +220,9 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
             if group.task is not None:
                 group.task.cancel()
         tasks = [g.task for g in self._groups.values() if g.task is not None]
+        if self._info_fetch is not None:
+            self._info_fetch.cancel()
+            tasks.append(self._info_fetch)
         await asyncio.gather(*tasks, *self._side, return_exceptions=True)
         await self.pool.aclose()
 
@@ -387,11 +394,16 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         latest: dict[int, dict[str, Any]] = {}
         ids: dict[int, list[int]] = {}
         incremental = bool((self._info or {}).get("stream_output"))
-        route, note = self._route(group), self._where(group)
-        async with self.pool.send("POST", "/generate", body, key=route, on_attempt=note) as (
-            endpoint,
-            response,
-        ):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        def note(url: str) -> None:
+            nonlocal started
+            group.endpoint, started = url, loop.time()
+
+        async with self.pool.send(
+            "POST", "/generate", body, key=self._route(group), on_attempt=note
+        ) as (endpoint, response):
             async for chunk in sse_events(response, endpoint.url + "/generate"):
                 index = int(chunk.get("index", 0))
                 latest[index] = chunk
@@ -399,6 +411,9 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
                     ids.setdefault(index, []).extend(chunk.get("output_ids") or ())
                 meta = chunk.get("meta_info") or {}
                 group.progress[index] = int(meta.get("completion_tokens", 0))
+            # The pool learns speeds from the bodies it reads; a stream it never reads.
+            self.pool.observe(endpoint.url, max(group.progress.values(), default=0),
+                              loop.time() - started)  # fmt: skip
         return [(latest[i], ids.get(i) if incremental else None) for i in sorted(latest)]
 
     async def _abort_on_server(self, group: WireGroup, rids: Sequence[str]) -> None:

@@ -17,7 +17,7 @@ from engine_fixtures import assert_pool_free
 from spec_tot.adapters.local import LocalBackend
 from spec_tot.adapters.local.serve import create_server_app
 
-__all__ = ["free_port", "serve_in_thread", "served"]
+__all__ = ["free_port", "serve_in_thread", "served", "settle"]
 
 
 def free_port() -> int:
@@ -26,7 +26,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _settle(backend: LocalBackend) -> None:
+async def settle(backend: LocalBackend) -> None:
+    """Wait for aborts to land, then check that nothing runs and every KV block is free."""
     for _ in range(200):  # a disconnect's abort lands a moment after the socket closes
         await backend.flush()
         if backend.num_inflight == 0 and (
@@ -60,7 +61,7 @@ async def served(backend: LocalBackend, **app_options: Any) -> AsyncIterator[str
     finally:
         server.should_exit = True
         await task
-        await _settle(backend)
+        await settle(backend)
 
 
 @contextmanager

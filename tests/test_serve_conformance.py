@@ -11,6 +11,15 @@
   ``{"type": "length", "length": n}``, ``{"type": "abort", "message": ...}``.
 - ``srt/managers/io_struct.py`` ``GenerateReqInput._normalize_rid``: a batch with one string
   rid expands it to ``f"{rid}_{i}"``.
+- ``/classify`` (``http_server.py`` ``classify_request``): the body is ``io_struct.py``
+  ``EmbeddingReqInput`` (``text`` one string or a list, ``input_ids`` one list or a list of
+  lists, ``rid`` one or a list, dummy ``sampling_params``); ``tokenizer_manager.py``
+  ``_handle_batch_output`` answers ``{"embedding", "meta_info": {"id", "finish_reason",
+  "prompt_tokens", "weight_version", "num_retractions"}}`` (no ``completion_tokens`` or
+  ``cached_tokens`` for embeddings), a batch a list in order without ``index`` (only streamed
+  batches carry it: ``_stream_batch_responses``); ``EmbeddingReqInput`` sets
+  ``max_new_tokens`` 0, so ``finish_reason`` is ``FINISH_LENGTH(0)``: ``{"type": "length",
+  "length": 0}``.
 - ``srt/entrypoints/v1_loads.py`` / ``managers/load_snapshot.py``: ``/v1/loads`` ``{"loads":
   [{"dp_rank", "num_running_reqs", "num_waiting_reqs", ...}]}``.
 - OpenAI API reference (and ``srt/entrypoints/openai/protocol.py``): completion and chat
@@ -26,9 +35,10 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import torch
 from engine_fixtures import tiny_llama, tiny_prm
-from serve_helpers import served
+from serve_helpers import served, settle
 
 from spec_tot.adapters.local import LocalBackend, create_local
 from spec_tot.adapters.local.serve import Limits, parse_generate
@@ -43,7 +53,12 @@ META = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tok
         "weight_version"}  # fmt: skip
 
 
-@pytest.fixture
+# One engine and server for the module; every test still ends with nothing running and
+# every KV block free (``clean``).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalBackend, str]]:
     backend = create_local(policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8)
     try:
@@ -51,6 +66,12 @@ async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalB
             yield backend, url
     finally:
         await backend.aclose()
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def clean(server: tuple[LocalBackend, str]) -> AsyncIterator[None]:
+    yield
+    await settle(server[0])
 
 
 def _sample(out: dict[str, Any], rid: str) -> None:
@@ -207,8 +228,6 @@ async def test_info_routes(server: tuple[LocalBackend, str]) -> None:
         assert models["object"] == "list" and models["data"][0]["id"] == "tiny"
         missing = await c.get(f"{url}/v1/models/other")
         assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
-        rows = (await c.put(f"{url}/classify", json={"text": ["1 2 3 4\n1+2=3", "q\nx"]})).json()
-        assert [r["index"] for r in rows] == [0, 1] and all(len(r["embedding"]) == 1 for r in rows)
 
 
 async def test_openai_objects(server: tuple[LocalBackend, str]) -> None:
@@ -278,3 +297,38 @@ async def test_logprobs_prefill_only_and_min_tokens(server: tuple[LocalBackend, 
         ).json()
         assert prefill["text"] == "" and prefill["output_ids"] == []
         assert prefill["meta_info"]["completion_tokens"] == 0
+
+
+CLASSIFY_META = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions"}
+
+
+async def test_classify_scores_any_text_or_token_ids(server: tuple[LocalBackend, str]) -> None:
+    backend, url = server
+    prm = backend.prm
+    assert prm is not None
+    raw = "Is 9 + 4 more than 12? Yes."  # one line, no step tag: scored with the tag appended
+    tagged = "Q: 2 2 6 6#\n2*6=12 (left: 2 6 12)#"  # already tagged: scored as given
+    ids = prm.tokenizer(raw)["input_ids"]
+    want = await backend.classify([raw, tagged])
+    async with httpx.AsyncClient(timeout=60) as c:
+        one = (await c.post(f"{url}/classify", json={"text": raw, "rid": "r1"})).json()
+        assert set(one) == {"embedding", "meta_info"} and set(one["meta_info"]) == CLASSIFY_META
+        assert one["meta_info"]["id"] == "r1"
+        assert one["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
+        assert one["meta_info"]["prompt_tokens"] == len(ids) + len(prm.tag_ids)
+        assert one["embedding"] == [pytest.approx(want[0], abs=1e-6)]
+        batch = (await c.put(f"{url}/classify", json={"text": [raw, tagged], "rid": "b",
+                                                       "sampling_params": {}})).json()  # fmt: skip
+        assert isinstance(batch, list)
+        assert [set(r) for r in batch] == [{"embedding", "meta_info"}] * 2
+        assert [r["meta_info"]["id"] for r in batch] == ["b_0", "b_1"]  # as /generate's rule
+        assert [r["embedding"][0] for r in batch] == pytest.approx(want, abs=1e-6)
+        # The same tokens as input_ids, with or without the tag's ids: the same reward.
+        by_ids = (await c.post(f"{url}/classify", json={"input_ids": [ids, ids + prm.tag_ids],
+                                                         "rid": ["x", "y"]})).json()  # fmt: skip
+        assert [r["meta_info"]["id"] for r in by_ids] == ["x", "y"]
+        assert [r["embedding"][0] for r in by_ids] == pytest.approx([want[0]] * 2, abs=1e-6)
+        single_ids = (await c.post(f"{url}/classify", json={"input_ids": ids})).json()
+        assert isinstance(single_ids, dict)
+        assert single_ids["meta_info"]["prompt_tokens"] == len(ids) + len(prm.tag_ids)
+        assert single_ids["embedding"][0] == pytest.approx(want[0], abs=1e-6)

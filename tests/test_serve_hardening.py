@@ -13,11 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import torch
 from engine_fixtures import assert_pool_free, tiny_llama, tiny_prm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serve_helpers import served
+from serve_helpers import served, settle
 
 from spec_tot.adapters.local import LocalBackend, create_local
 
@@ -26,16 +27,24 @@ __all__ = ["tiny_llama", "tiny_prm"]
 torch.set_num_threads(1)
 
 
-@pytest.fixture
+# One engine for the module's async tests (the fuzz suite has its own server in a thread);
+# every test still ends with nothing running and every KV block free (``clean``).
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalBackend, str]]:
     backend = create_local(
         policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8, max_model_len=256
     )
     try:
-        async with served(backend, model_path=str(tiny_llama)) as url:
+        async with served(backend, model_path=str(tiny_llama), served_model_name="tiny") as url:
             yield backend, url
     finally:
         await backend.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def clean(server: tuple[LocalBackend, str]) -> AsyncIterator[tuple[LocalBackend, str]]:
+    yield server
+    await settle(server[0])
 
 
 def good(i: int) -> dict[str, Any]:
@@ -68,8 +77,9 @@ BAD: list[tuple[str, Any, str]] = [
 ]  # fmt: skip
 
 
-async def test_poison_one_bad_request_fails_alone(server: tuple[LocalBackend, str]) -> None:
-    backend, url = server
+@pytest.mark.asyncio(loop_scope="module")
+async def test_poison_one_bad_request_fails_alone(clean: tuple[LocalBackend, str]) -> None:
+    backend, url = clean
     async with httpx.AsyncClient(timeout=120) as client:
         alone = [(await client.post(f"{url}/generate", json=good(i))).json() for i in range(16)]
         for name, bad, field in BAD:
@@ -92,23 +102,50 @@ async def test_poison_one_bad_request_fails_alone(server: tuple[LocalBackend, st
     assert_pool_free(backend.engine)
 
 
-async def test_classify_refuses_what_the_prm_cannot_hold(server: tuple[LocalBackend, str]) -> None:
-    _backend, url = server
+@pytest.mark.asyncio(loop_scope="module")
+async def test_classify_refuses_what_the_prm_cannot_hold(
+    clean: tuple[LocalBackend, str],
+) -> None:
+    """Every length is checked before tokenising or allocating (a 1 MB text once tried to
+    allocate ~1 TB for an attention mask); each refusal is a 400 naming the field."""
+    backend, url = clean
+    assert backend.prm is not None
+    fits = backend.prm.max_len - len(backend.prm.tag_ids)
     async with httpx.AsyncClient(timeout=60) as client:
         for body, field in (
-            ({"text": "q\n" + "1+2=3\n" * 200_000}, "text"),
+            ({"text": "q\n" + "1+2=3\n" * 200_000}, "text"),  # over the character cap
             ({"text": "q\n" + "1+2=3 (left: 3 3 4)\n" * 40}, "text"),  # > 512 PRM positions
+            ({"text": ["ok", "q\n" + "1+2=3 (left: 3 3 4)\n" * 40]}, "text[1]"),
+            ({"text": "x" * 600}, "text"),  # one line: fits the character cap, not the model
             ({"text": ["q\nstep", 3]}, "text[1]"),
-            ({"text": "only a question"}, "text"),
+            ({"text": [["query", "doc"]]}, "text[0]"),  # cross-encoder pairs: not served
+            ({"text": ""}, "text"),
+            ({"text": []}, "text"),
+            ({"text": ["a"] * 5000}, "text"),
+            ({"text": "a", "input_ids": [5]}, "text"),
+            ({"input_ids": [5] * (fits + 1)}, "input_ids"),
+            ({"input_ids": [[5], [5] * (fits + 1)]}, "input_ids[1]"),
+            ({"input_ids": [5, 999_999]}, "input_ids[1]"),
+            ({"input_ids": [[5], [-1]]}, "input_ids[1][0]"),
+            ({"input_ids": []}, "input_ids"),
+            ({"input_ids": "5 6"}, "input_ids"),
+            ({"text": "a", "sampling_params": 3}, "sampling_params"),
+            ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
+            ({"text": ["a", "b"], "rid": ["r", "r"]}, "rid"),
+            ({"text": "a", "image_data": "x.png"}, "image_data"),
+            ({"text": "a", "priority": "high"}, "priority"),
             ({"txt": "q\nstep"}, "txt"),
         ):
             reply = await client.post(f"{url}/classify", json=body)
-            assert reply.status_code == 400, reply.text
-            assert field in reply.json()["error"]["message"]
+            assert reply.status_code == 400, (field, reply.text)
+            assert field in reply.json()["error"]["message"], (field, reply.text)
+        ok = await client.post(f"{url}/classify", json={"input_ids": [5] * fits})
+        assert ok.status_code == 200, ok.text  # the longest that fits is scored
 
 
-async def test_api_key_on_every_route(tiny_llama: Path, tiny_prm: Path) -> None:
-    backend = create_local(policy_path=str(tiny_llama), prm_path=str(tiny_prm), saturation_batch=8)
+@pytest.mark.asyncio(loop_scope="module")
+async def test_api_key_on_every_route(clean: tuple[LocalBackend, str]) -> None:
+    backend, _open_url = clean  # the same engine behind a second server that has a key
     routes = [
         ("GET", "/health", None),
         ("GET", "/health_generate", None),
@@ -132,22 +169,19 @@ async def test_api_key_on_every_route(tiny_llama: Path, tiny_prm: Path) -> None:
                                                                          "content": "1"}]}),
         ("GET", "/no/such/route", None),
     ]  # fmt: skip
-    try:
-        async with (
-            served(backend, served_model_name="tiny", api_key="s3cret") as url,
-            httpx.AsyncClient(timeout=60) as client,
-        ):
-            for method, path, body in routes:
-                for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-                    reply = await client.request(method, url + path, json=body, headers=headers)
-                    assert reply.status_code == 401, (method, path, headers)
-                    assert "Bearer" in reply.json()["error"]["message"]
-                ok = await client.request(
-                    method, url + path, json=body, headers={"Authorization": "Bearer s3cret"}
-                )
-                assert ok.status_code == (404 if path == "/no/such/route" else 200), (path, ok.text)
-    finally:
-        await backend.aclose()
+    async with (
+        served(backend, served_model_name="tiny", api_key="s3cret") as url,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        for method, path, body in routes:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+                reply = await client.request(method, url + path, json=body, headers=headers)
+                assert reply.status_code == 401, (method, path, headers)
+                assert "Bearer" in reply.json()["error"]["message"]
+            ok = await client.request(
+                method, url + path, json=body, headers={"Authorization": "Bearer s3cret"}
+            )
+            assert ok.status_code == (404 if path == "/no/such/route" else 200), (path, ok.text)
 
 
 def _raw(body: Any) -> str:

@@ -77,6 +77,9 @@ async def test_generate_wire_format_and_results(server: FakeSGLang, stream: bool
     assert body["priority"] == 0 and first["priority"] == 1
     assert body["stream"] is stream
     assert b.num_inflight == 0 and server.live == {}
+    # Streamed or not, the pool learned the worker's speed (per-request deadlines use it).
+    learned = b.pool.endpoints[server.url.rstrip("/")].s_per_token
+    assert learned is not None and learned > 0
     await b.aclose()
 
 
@@ -87,6 +90,11 @@ async def test_capabilities_sized_from_server_info(server: FakeSGLang) -> None:
     assert caps.max_running_requests == 96 and caps.saturation_batch == 96
     assert caps.name == "sglang" and caps.prefix_cache and caps.extra["workers"] == 2.0
     await b.aclose()
+    cold = backend([server.url], load_poll_s=0)
+    before = server.attempts["/get_server_info"]
+    await asyncio.gather(*(cold.generate(req(f"q{i}/a", n=1)) for i in range(8)))
+    assert server.attempts["/get_server_info"] - before == 1  # a burst shares one fetch
+    await cold.aclose()
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -258,7 +258,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._prm_pool, self.prm.score, list(items))
 
-    async def classify(self, texts: Seq[str]) -> list[float]:
+    async def classify(self, texts: Seq[str | Seq[int]]) -> list[float]:
         """The PRM's reward of each raw text (``PrmScorer.classify``)."""
         if self.prm is None or self._prm_pool is None:
             raise BackendError("local", "no PRM loaded (pass prm_path)")

@@ -96,6 +96,9 @@ class PrmScorer:
         self.step_tag: str = spec["step_tag"]
         self.good_id = _single_token(self.tokenizer, spec["good_token"], "good_token")
         self.bad_id = _single_token(self.tokenizer, spec["bad_token"], "bad_token")
+        self.tag_ids: list[int] = list(
+            self.tokenizer.encode(self.step_tag, add_special_tokens=False)
+        )
         model = self.loaded.model
         self.max_len = min(model.args.max_position_embeddings, num_kv_blocks * block_size)
         self.max_chars = self.max_len * max_token_chars(self.tokenizer)
@@ -144,18 +147,37 @@ class PrmScorer:
         logits = self._tag_logits(encoded)
         return [tuple(1.0 / (1.0 + math.exp(-x)) for x in row) for row in logits]
 
-    def classify(self, texts: Seq[str]) -> list[float]:
+    def classify(self, texts: Seq[str | Seq[int]]) -> list[float]:
         """The reward of each raw text (SGLang's ``/classify`` of a reward model): the PRM's
         ``logit(good) - logit(bad)`` after the text's last step (a step tag is appended
-        unless the text already ends with one); ``sigmoid`` of it is the step score.
-        A text longer than the model reads is a ``ConfigError`` naming it."""
+        unless the text already ends with one); ``sigmoid`` of it is the step score. A list
+        of token ids is scored the same way (the tag's ids appended unless it ends with
+        them). A text longer than the model reads is a ``ConfigError`` naming it."""
         encoded = []
         for i, text in enumerate(texts):
-            if not isinstance(text, str):
+            if isinstance(text, str):
+                full = text if text.endswith(self.step_tag) else text + self.step_tag
+                encoded.append(self._encode(full, [len(full) - 1], f"text[{i}]"))
+            elif isinstance(text, list | tuple):
+                ids = self._tagged_ids(text, f"input_ids[{i}]")
+                encoded.append((ids, [len(ids) - 1]))
+            else:
                 raise ConfigError(f"text[{i}]", f"must be a string, got {type(text).__name__}")
-            full = text if text.endswith(self.step_tag) else text + self.step_tag
-            encoded.append(self._encode(full, [len(full) - 1], f"text[{i}]"))
         return [row[-1] for row in self._tag_logits(encoded)]
+
+    def _tagged_ids(self, ids: Seq[int], where: str) -> list[int]:
+        vocab = int(self.loaded.args.vocab_size)
+        if not ids:
+            raise ConfigError(where, "is empty")
+        for j, tok in enumerate(ids):
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab:
+                raise ConfigError(f"{where}[{j}]", f"{tok!r} is not a token id in [0, {vocab})")
+        row = list(ids)
+        if row[-len(self.tag_ids) :] != self.tag_ids:
+            row += self.tag_ids
+        if len(row) > self.max_len:
+            raise ConfigError(where, f"{len(row)} tokens; the PRM reads at most {self.max_len}")
+        return row
 
     def _tag_logits(self, encoded: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         """``logit(good) - logit(bad)`` at every tag position, from the cache where known."""

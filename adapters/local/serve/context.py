@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import RewardItem
 
 from ..backend import LocalBackend
 from .live import LiveRequests
@@ -45,6 +44,12 @@ async def read_json(request: Request) -> Any:
         raise ConfigError("body", f"not valid JSON ({exc})") from None
 
 
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (ignoring anything but ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 class ServeContext:
     def __init__(self, backend: LocalBackend, model_path: str, model_name: str) -> None:
         self.backend = backend
@@ -61,8 +66,6 @@ class ServeContext:
                 max_len=int(engine.max_len),
                 max_prompt_chars=_CHARS_PER_TOKEN_CAP * int(engine.max_len),
             )
-        prm = backend.prm
-        self.prm_max_len = int(prm.loaded.args.max_position_embeddings) if prm else 0
 
     def decode_token(self, token_id: int) -> str:
         engine = self.backend.engine
@@ -70,39 +73,23 @@ class ServeContext:
 
     # -- running ---------------------------------------------------------------------------
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
-        """Await ``work``; a client that goes away cancels it (and so aborts its samples)."""
-        task = asyncio.ensure_future(work)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.05)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    raise asyncio.CancelledError
-        finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+        """Await ``work``; a client that goes away cancels it (and so aborts its samples).
 
-    def reward_item(self, text: Any, field: str, index: int) -> RewardItem:
-        """A ``/classify`` text: the question on its first line, then one step per line."""
-        if self.backend.prm is None:
-            raise ConfigError("text", "this server has no reward model (start it with a PRM)")
-        if not isinstance(text, str):
-            raise ConfigError(field, "expected a string")
-        if len(text) > _CHARS_PER_TOKEN_CAP * self.prm_max_len:
-            raise ConfigError(field, f"{len(text)} characters cannot fit the reward model")
-        question, *lines = text.split("\n")
-        steps = tuple(s for s in lines if s.strip())
-        if not steps:
-            raise ConfigError(field, "no step after the question line")
-        item = RewardItem(request_id=f"classify-{index}", question=question, steps=steps)
-        tokens = self.backend.prm.count_tokens(item)
-        if tokens > self.prm_max_len:
-            raise ConfigError(field, f"{tokens} tokens; the reward model holds {self.prm_max_len}")
-        return item
+        The body has been read, so the server's next message is ``http.disconnect``: one
+        waiter per request, no polling (a timer per request woke the event loop hundreds of
+        times a second under load, and each wake-up waits for the GIL the engine holds)."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise asyncio.CancelledError
+        finally:
+            for pending in (task, gone):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
 
     async def flush_prefix_cache(self) -> bool:
         return await self.backend.flush_prefix_cache()

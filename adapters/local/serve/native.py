@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,6 +17,7 @@ from starlette.routing import Route
 
 from spec_tot.errors import ConfigError
 
+from .classify import parse_classify, score_batch
 from .context import BodyTooLarge, ServeContext, read_json
 from .fields import check_known, opt_bool, opt_str
 from .live import run_samples
@@ -106,25 +106,9 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def classify(request: Request) -> Response:
-        body = await read_json(request)
-        if not isinstance(body, dict):
-            raise ConfigError("body", "expected a JSON object")
-        check_known(body, {"text", "rid", "log_metrics"}, {})
-        texts = body.get("text")
-        single = isinstance(texts, str)
-        texts = [texts] if single else texts
-        if not isinstance(texts, list) or not texts:
-            raise ConfigError("text", "expected a string or a non-empty list of strings")
-        items = [
-            ctx.reward_item(t, f"text[{i}]" if not single else "text", i)
-            for i, t in enumerate(texts)
-        ]
-        scores = await ctx.until_disconnect(request, backend.score(items))
-        rows = [
-            {"embedding": [_logit(s[-1])], "index": i, "meta_info": {"id": f"classify-{i}"}}
-            for i, s in enumerate(scores)
-        ]
-        return JSONResponse(rows[0] if single else rows)
+        batch = parse_classify(await read_json(request), backend.prm)
+        rows = await ctx.until_disconnect(request, score_batch(backend, batch))
+        return JSONResponse(rows[0] if batch.single else rows)
 
     return [
         Route("/generate", guarded(generate), methods=["POST", "PUT"]),
@@ -194,8 +178,3 @@ async def _stream(
     finally:
         ctx.live.release(batch)
     yield b"data: [DONE]\n\n"
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-6), 1 - 1e-6)
-    return math.log(p / (1 - p))

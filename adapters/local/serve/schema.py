@@ -27,7 +27,16 @@ from .fields import (
     token_ids,
 )
 
-__all__ = ["GenerateBatch", "Limits", "Logprobs", "Sample", "parse_generate"]
+__all__ = [
+    "MAX_SAMPLES",
+    "GenerateBatch",
+    "Limits",
+    "Logprobs",
+    "Sample",
+    "is_nested",
+    "parse_generate",
+    "request_ids",
+]
 
 # SGLang sampling parameters the engine does not implement, at the values that change
 # nothing (SGLang's frontend sends every one of them with each request).
@@ -81,7 +90,7 @@ _TOP = {
     "return_text_in_logprobs",
     "no_logs", "custom_labels", "routing_key", "conversation_id", "extra_key",
 }  # fmt: skip
-_MAX_SAMPLES = 4096  # per HTTP request (prompts x n)
+MAX_SAMPLES = 4096  # per HTTP request (prompts x n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +155,10 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
     if len(ns) > 1:
         raise ConfigError("sampling_params.n", "must be the same for every prompt of a batch")
     n = ns.pop()
-    if count * n > _MAX_SAMPLES:
-        raise ConfigError("sampling_params.n", f"{count} x {n} samples; at most {_MAX_SAMPLES}")
-    batch = isinstance(body.get(key), list) and (key == "text" or _nested(body.get(key)))
-    item_rids = _rids(body.get("rid"), count, batch)
+    if count * n > MAX_SAMPLES:
+        raise ConfigError("sampling_params.n", f"{count} x {n} samples; at most {MAX_SAMPLES}")
+    batch = isinstance(body.get(key), list) and (key == "text" or is_nested(body.get(key)))
+    item_rids = request_ids(body.get("rid"), count, batch)
     priority = opt_int(body, "priority", "priority", 0)
     stream = opt_bool(body, "stream", "stream", False)
     logprobs = _logprobs(body, limits)
@@ -210,7 +219,7 @@ def sampling_params(field: str, **values: Any) -> SamplingParams:
         raise ConfigError(field + name, str(exc).split(": ", 1)[-1]) from None
 
 
-def _nested(value: Any) -> bool:
+def is_nested(value: Any) -> bool:
     return bool(value) and isinstance(value[0], list)
 
 
@@ -234,7 +243,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
         return list(texts), "text"
     if not isinstance(ids, list):
         raise ConfigError("input_ids", "expected a list of token ids or a list of such lists")
-    rows = ids if _nested(ids) else [ids]
+    rows = ids if is_nested(ids) else [ids]
     out: list[str | tuple[int, ...]] = []
     for i, row in enumerate(rows):
         field = f"input_ids[{i}]" if rows is ids else "input_ids"
@@ -245,7 +254,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     return out, "input_ids"
 
 
-def _rids(rid: Any, count: int, batch: bool) -> list[str]:
+def request_ids(rid: Any, count: int, batch: bool) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(count)]
     if isinstance(rid, str):
@@ -286,6 +295,6 @@ def _sampling(params: Any, limits: Limits, field: str) -> tuple[SamplingParams, 
         min_tokens=opt_int(params, "min_new_tokens", f + "min_new_tokens", 0, lo=0),
         ignore_eos=opt_bool(params, "ignore_eos", f + "ignore_eos", False),
     )
-    n = opt_int(params, "n", f + "n", 1, lo=1, hi=_MAX_SAMPLES)
+    n = opt_int(params, "n", f + "n", 1, lo=1, hi=MAX_SAMPLES)
     interval = opt_int(params, "stream_interval", f + "stream_interval", 1, lo=1)
     return sampling, n, interval
