@@ -88,6 +88,7 @@ class ScriptedBackend(GenerationBackend, RewardBackend):
     num_generated_tokens: int = 0
     peak_inflight: int = 0
     _inflight: dict[str, asyncio.Event] = field(default_factory=dict)
+    score_range: tuple[float, float] | None = (0.0, 1.0)
 
     @property
     def capabilities(self) -> Capabilities:

@@ -217,15 +217,16 @@ class SimConfig:
     def saturation_batch(self) -> int:
         """The decode batch past which one more sequence stops being nearly free: where the
         per-sequence costs (overhead, KV read at ``typical_context_tokens``, or FLOPs once
-        compute-bound) add up to the fixed cost of a step (overhead + weight read), capped by
-        the running limit and the KV capacity."""
+        compute-bound) add up to a quarter of the fixed cost of a step (overhead + weight read: the
+        step is then 1.25x a lone sequence's), capped by the running limit and the KV
+        capacity."""
         bandwidth = self.hbm_bandwidth * self.bandwidth_efficiency
         per_seq_compute = 2 * self.params / (self.peak_flops * self.flops_efficiency)
         per_seq_kv = self.typical_context_tokens * self.kv_bytes_per_token / bandwidth
         fixed = self.step_overhead_s + self.weight_bytes / bandwidth
         marginal = self.per_seq_overhead_s + max(per_seq_kv, per_seq_compute)
         cap = min(self.max_running, self.kv_capacity_tokens // self.typical_context_tokens)
-        return max(1, min(math.ceil(fixed / marginal), cap))
+        return max(1, min(math.ceil(0.25 * fixed / marginal), cap))
 
 
 _RULES: tuple[tuple[tuple[str, ...], Callable[[Any], bool], str], ...] = (
@@ -260,6 +261,8 @@ def _matches(request_id: str, prefix: str) -> bool:
 class SimBackend(GenerationBackend, RewardBackend):
     """The simulated engine and PRM (see the module docstring). Run it on a
     ``VirtualTimeLoop`` (``run_virtual``); on a normal loop it sleeps in real time."""
+
+    score_range = (0.0, 1.0)
 
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()

@@ -4,14 +4,16 @@
    4-layer, 128-wide Llama unless ``--model PATH``), the same prompts, greedy, a fixed number
    of new tokens (EOS ignored), batch sizes 1..64. For each batch the variants run in turn,
    ``--repeats`` rounds; each keeps its best round (noise on a shared machine only slows).
-2. **Stream of short requests**: 32 long requests decode while short requests (20 new
-   tokens each, ToT-child-sized prompts) arrive, a fixed number in flight (a closed loop:
-   a new one as soon as one finishes), until ``--short`` of them are done. Mixed steps
-   (``mixed_steps=True``) vs the all-prefill / all-decode scheduler (``False``), same model,
-   same requests, engines built once; output tokens per second over the whole run.
+2. **Stream of short requests**: ``LONG`` requests decode while short requests (10-30 new
+   tokens, 20 on average, ToT-child prompts: a shared 48-token question plus 16 tokens of
+   their own) arrive, ``SHORT`` in flight (a closed loop: a new one as soon as one
+   finishes), until ``--short`` of them are done. Mixed steps (``mixed_steps=True``) vs the
+   all-prefill / all-decode scheduler (``False``), same model, same requests, prefix caching
+   on, engines built once; output tokens per second over the whole run.
 
-Output tokens per second, JSON via ``--json PATH``, one summary line. ``uptime``'s load is
-recorded beside the figures.
+Output tokens per second by wall time and by this process's CPU time (steadier on a shared
+machine), JSON via ``--json PATH``, one summary line. ``uptime``'s load is recorded beside
+the figures.
 
     python benchmarks/engine.py --json /tmp/engine.json
 """
@@ -112,46 +114,62 @@ def run_static(hf: Any, prompts: list[list[int]], new: int) -> int:
     return int((out.shape[1] - width) * len(prompts))
 
 
-def stream_workload(engine: Any, vocab: int, *, short: int, in_flight: int, long: int) -> float:
-    """Tokens per second of ``long`` decoding requests plus a closed loop of short ones."""
+def stream_workload(engine: Any, vocab: int, *, short: int, in_flight: int, long: int) -> int:
+    """Output tokens of ``long`` decoding requests plus a closed loop of short ones (10 to
+    30 new tokens each, 20 on average; the same requests for every engine), run until the
+    last short one finishes."""
     from spec_tot.requests import GenerateRequest, SamplingParams
 
     rng = random.Random(7)
     stem = [rng.randrange(3, vocab) for _ in range(48)]
     long_params = SamplingParams(temperature=0.0, max_tokens=10**4 // 16, ignore_eos=True)
-    short_params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     for i in range(long):
         ids = tuple(rng.randrange(3, vocab) for _ in range(64))
         engine.add_request(GenerateRequest(f"long/{i}", long_params, prompt_ids=ids))
-    engine.step()  # the long requests' prompts: not part of the stream
-    started, sent, done, tokens = time.perf_counter(), 0, 0, 0
+    sent = done = tokens = 0
     while done < short:
-        # one arrival a step until ``in_flight`` run (then one as each finishes): arrivals
-        # stay spread over the steps, as children of a search arrive
-        if sent - done < in_flight and sent < short:
+        # each finished one is replaced at once; their lengths differ, so arrivals spread
+        # over the steps, as the children of a search arrive
+        while sent - done < in_flight and sent < short:
             tail = tuple(rng.randrange(3, vocab) for _ in range(16))
             ids = tuple(stem) + tail  # a ToT child: the question, then its own steps
-            engine.add_request(GenerateRequest(f"short/{sent}", short_params, prompt_ids=ids))
+            # 20 tokens on average, as search steps vary: 10..30
+            params = SamplingParams(
+                temperature=0.0, max_tokens=rng.randint(10, 30), ignore_eos=True
+            )
+            engine.add_request(GenerateRequest(f"short/{sent}", params, prompt_ids=ids))
             sent += 1
         for result in engine.step():
             done += result.request_id.startswith("short/")
             tokens += sum(c.num_tokens for c in result.completions)
-    elapsed = time.perf_counter() - started
-    tokens += sum(c.num_tokens for r in engine.abort("long") for c in r.completions)
-    return tokens / elapsed
+    return tokens + sum(c.num_tokens for r in engine.abort("long") for c in r.completions)
 
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _best(fns: dict[str, Callable[[], float]], repeats: int) -> dict[str, float]:
-    """Each variant's best of ``repeats`` rounds, the variants interleaved in each round."""
-    best = dict.fromkeys(fns, 0.0)
+def _measure(fn: Callable[[], int]) -> tuple[float, float]:
+    """(tokens per wall second, tokens per CPU second of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = fn()
+    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
+
+
+def _best(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
+    """Each variant's best of ``repeats`` rounds (wall and CPU tokens/s), the variants
+    interleaved in each round."""
+    best = {name: {"wall": 0.0, "cpu": 0.0} for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
-            best[name] = max(best[name], fn())
-    return {k: round(v, 1) for k, v in best.items()}
+            wall, cpu = _measure(fn)
+            best[name]["wall"] = max(best[name]["wall"], wall)
+            best[name]["cpu"] = max(best[name]["cpu"], cpu)
+    return {n: {k: round(v, 1) for k, v in b.items()} for n, b in best.items()}
+
+
+def _ratio(results: dict[str, dict[str, float]], top: str, bottom: str) -> dict[str, float]:
+    return {k: round(results[top][k] / results[bottom][k], 2) for k in ("wall", "cpu")}
 
 
 def main() -> None:
@@ -160,9 +178,13 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="best of N rounds")
-    parser.add_argument("--short", type=int, default=96, help="short requests in the stream")
-    parser.add_argument("--in-flight", type=int, default=8, help="short requests at a time")
+    parser.add_argument("--repeats", type=int, default=5, help="best of N rounds")
+    parser.add_argument("--short", type=int, default=160, help="short requests a stream")
+    parser.add_argument(
+        "--streams",
+        default="32x8,32x16,32x32,0x32",
+        help="stream workloads, LONGxSHORT: decoding requests x short ones in flight",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -172,45 +194,44 @@ def main() -> None:
     ours(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
     run_static(hf, _prompts(2, vocab, 99), 4)
     load_before = _load()
-    static: dict[str, dict[str, float]] = {}
+    static: dict[str, Any] = {}
     for batch in [int(b) for b in args.batches.split(",")]:
         prompts = _prompts(batch, vocab, batch)
-
-        def timed(fn: Callable[..., int], prompts: list[list[int]] = prompts) -> float:
-            start = time.perf_counter()
-            tokens = fn(hf, prompts, args.new_tokens)
-            return tokens / (time.perf_counter() - start)
-
         static[str(batch)] = _best(
-            {"ours": lambda: timed(ours), "static": lambda: timed(run_static)}, args.repeats
+            {
+                "ours": lambda p=prompts: ours(hf, p, args.new_tokens),
+                "static": lambda p=prompts: run_static(hf, p, args.new_tokens),
+            },
+            args.repeats,
         )
+        static[str(batch)]["ratio"] = _ratio(static[str(batch)], "ours", "static")
         print(f"batch {batch:3d}: {static[str(batch)]}  (load {_load()})", flush=True)
     # the stream's children share their question: prefix caching on, as a search runs
     engines = {
         "mixed": make_engine(hf, enable_prefix_caching=True),
         "legacy": make_engine(hf, mixed_steps=False, enable_prefix_caching=True),
     }
-    stream = _best(
-        {
-            name: lambda e=engine: stream_workload(
-                e, vocab, short=args.short, in_flight=args.in_flight, long=32
-            )
-            for name, engine in engines.items()
-        },
-        args.repeats,
-    )
-    print(f"stream: {stream}  (load {_load()})")
-    ratios = {b: round(r["ours"] / r["static"], 2) for b, r in static.items()}
-    stream_ratio = round(stream["mixed"] / stream["legacy"], 2)
+    streams: dict[str, Any] = {}
+    for spec in args.streams.split(","):
+        long, in_flight = (int(x) for x in spec.split("x"))
+        streams[spec] = _best(
+            {
+                name: lambda e=engine, n=long, f=in_flight: stream_workload(
+                    e, vocab, short=args.short, in_flight=f, long=n
+                )
+                for name, engine in engines.items()
+            },
+            args.repeats,
+        )
+        streams[spec]["ratio"] = _ratio(streams[spec], "mixed", "legacy")
+        print(f"stream {spec} (decoding x short in flight): {streams[spec]}  (load {_load()})")
     summary = {
         "static_tok_s": static,
-        "ratio_ours_over_static": ratios,
-        "stream_tok_s": stream,
-        "ratio_mixed_over_legacy": stream_ratio,
+        "stream_tok_s": streams,
         "threads": args.threads,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
-        "stream": {"short": args.short, "in_flight": args.in_flight, "long": 32},
+        "short_requests": args.short,
         "model": args.model or "random llama 4x128",
         "load_before": load_before,
         "load_after": _load(),
@@ -218,11 +239,12 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)
-    line = ", ".join(f"b{b} {r}x" for b, r in ratios.items())
+    line = ", ".join(f"b{b} {r['ratio']['wall']}x" for b, r in static.items())
+    stream_line = ", ".join(f"{k} {r['ratio']['wall']}x" for k, r in streams.items())
     print(
-        f"engine / transformers static generate (tok/s, best of {args.repeats}): {line}; "
-        f"stream of short requests, mixed / all-prefill-or-decode steps: {stream_ratio}x "
-        f"(load {load_before} -> {_load()})"
+        f"engine / transformers static generate (wall tok/s, best of {args.repeats}): {line}; "
+        f"mixed / all-prefill-or-decode steps on a stream of short requests: {stream_line} "
+        f"(load {load_before} -> {_load()}; CPU-time ratios in the JSON)"
     )
 
 

@@ -1,6 +1,6 @@
 """Executor modes on the simulated GPU (``spec_tot.adapters.sim``), all in virtual time.
 
-Modes (baseline, naive, spex, specscale, full) x searches (beam n=8 width 4, REBASE, ETS,
+Modes (baseline, dedup, naive, spex, specscale, full) x searches (beam n=8 width 4, REBASE, ETS,
 rStar MCTS, REST-MCTS*) x concurrency (1, 4, 16, 32, 64) on one preset (A100 80GB + a
 Qwen2.5-7B policy + a 7B PRM on the same card), same seeds everywhere. The sim's CD switch
 (``engine_dedup``) follows the mode's ``dedup`` switch. Also an ablation at 8 beams,
@@ -12,8 +12,10 @@ setting).
 Output: JSON rows in the ``spec-tot bench`` format ({"mode", "search", "backend",
 "concurrency", "seed", "metrics"} plus "sim": engine counters), a PNG of useful tokens/s
 (generated minus wasted) and queries/s vs concurrency per mode, the ablation tables and one
-summary line of queries/s ratios whose denominator is named (baseline, same search, same
-concurrency). Same queries in every variant, so queries/s compares equal work.
+summary line of queries/s ratios against three named denominators (baseline, dedup and naive,
+same search and concurrency). Same queries in every variant, so queries/s compares equal
+work. ``--quick`` runs the issue's acceptance points only (one query for every search; beam
+n=8 width 4 ablation at 32 queries).
 """
 
 from __future__ import annotations
@@ -38,22 +40,24 @@ SEARCHES: dict[str, tuple[str, dict[str, Any]]] = {
     "rstar": ("rstar", {}),
     "rest_mcts": ("rest_mcts", {}),
 }
-MODES = ("baseline", "naive", "spex", "specscale", "full")
+MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")
+DENOMINATORS = ("baseline", "dedup", "naive")
 # SpecScale's cumulative ablation (Figure 13: EP, EP+CD, EP+CD+LV on naive speculation) and
 # SPEX's (T1 ranked speculation, + T2 budget, + T3 early termination).
 ABLATION: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("baseline", "baseline", {}),
-    ("baseline+CD (no speculation)", "baseline", {"dedup": True}),
+    ("dedup (baseline+CD, no speculation)", "dedup", {}),
     ("naive", "naive", {}),
     ("EP", "specscale", {"dedup": False, "lv": None}),
     ("EP+CD", "specscale", {"lv": None}),
     ("EP+CD+LV (specscale)", "specscale", {}),
-    ("specscale, LV pooled", "specscale", {"lv": {"defer_speculative": False}}),
+    ("specscale, LV deferring speculation", "specscale", {"lv": {"defer_speculative": True}}),
     ("SPEX T1", "spex", {"budget": False}),
     ("SPEX T1+T2 (spex)", "spex", {}),
     ("SPEX T1+T2+T3", "spex", {"early_termination": True}),
     ("full", "full", {}),
     ("full - budget", "full", {"budget": False}),
+    ("full, LV idle rule off", "full", {"lv": {"idle_flush": False}}),
 )
 
 
@@ -177,9 +181,13 @@ def main() -> None:
     parser.add_argument("--sim", action="append", default=[], help="SimConfig KEY=JSON")
     parser.add_argument("--no-ablation", action="store_true")
     parser.add_argument("--ablation-concurrency", default="32,1")
+    parser.add_argument("--quick", action="store_true", help="the acceptance points only")
     parser.add_argument("--json", default=None)
     parser.add_argument("--png", default=None)
     args = parser.parse_args()
+    if args.quick:
+        args.concurrency, args.ablation_concurrency = "1", "32"
+        args.modes, args.per_slot, args.min_queries = "baseline,dedup,naive,full", 1, 8
     sim_overrides = {k: json.loads(v) for k, _, v in (s.partition("=") for s in args.sim)}
     levels = [int(c) for c in args.concurrency.split(",")]
     rows: list[dict[str, Any]] = []
@@ -225,22 +233,32 @@ def main() -> None:
             json.dump({"runs": rows, "ablation": ablation}, fh, indent=1)
     if args.png:
         _plot(rows, args.png)
-    print("summary (queries/s; denominator: baseline, same search and concurrency): "
-          + _summary(rows))  # fmt: skip
+    print("summary (queries/s of full over baseline / dedup / naive, same search and "
+          "concurrency; ablation vs baseline): " + _summary(rows, ablation))  # fmt: skip
 
 
-def _summary(rows: list[dict[str, Any]]) -> str:
-    base = {
-        (r["search"], r["concurrency"]): r["metrics"]["queries_per_s"]
-        for r in rows
-        if r["mode"] == "baseline"
-    }
+def _summary(rows: list[dict[str, Any]], ablation: list[dict[str, Any]]) -> str:
+    qps = {(r["search"], r["concurrency"], r["mode"]): r["metrics"]["queries_per_s"] for r in rows}
     parts = []
-    for r in rows:
-        denom = base.get((r["search"], r["concurrency"]))
-        if r["mode"] != "baseline" and denom:
-            ratio = r["metrics"]["queries_per_s"] / denom
-            parts.append(f"{r['search']}/{r['mode']}@{r['concurrency']} {ratio:.2f}x")
+    for (search, conc, mode), value in sorted(qps.items()):
+        if mode != "full":
+            continue
+        ratios = [
+            f"{value / qps[(search, conc, d)]:.2f}x/{d}"
+            for d in DENOMINATORS
+            if (search, conc, d) in qps
+        ]
+        parts.append(f"{search}@{conc} {' '.join(ratios)}")
+    by_conc: dict[int, list[str]] = {}
+    for row in ablation:
+        base = next(
+            a
+            for a in ablation
+            if a["concurrency"] == row["concurrency"] and a["mode"] == "baseline"
+        )
+        ratio = row["metrics"]["queries_per_s"] / base["metrics"]["queries_per_s"]
+        by_conc.setdefault(row["concurrency"], []).append(f"{row['name']} {ratio:.2f}x")
+    parts += [f"ablation@{c}: " + ", ".join(v) for c, v in by_conc.items()]
     return "; ".join(parts)
 
 

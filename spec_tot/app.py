@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +12,8 @@ from spec_tot.backends import GenerationBackend, RewardBackend, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
-from spec_tot.executor.batch import Program, QueryInput, run_queries
-from spec_tot.executor.seeds import seed_key
+from spec_tot.executor.batch import Program, run_queries
+from spec_tot.executor.hub import QueryInput, hub_for
 from spec_tot.nodes import State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
@@ -73,8 +72,6 @@ class ToTApp(Runnable[Any, ToTResult]):
         self.answer_fn = answer
         self.check = check
         self.input_to_state = input_to_state
-        self._ids = itertools.count()
-        self._active: set[str] = set()  # query ids running now, across concurrent batches
 
     @classmethod
     def build(
@@ -162,9 +159,8 @@ class ToTApp(Runnable[Any, ToTResult]):
         on_result: Callable[[ToTResult], None] | None,
         on_event: EventSink | None,
     ) -> BatchResult:
-        # Reserved before any waits for a concurrency slot: a concurrent batch cannot reuse
-        # an id that is still queued here.
-        self._active.update(q.query_id for q in queries)
+        """Run reserved queries; their ids are released as each ends."""
+        hub = hub_for(self.backend)
         program = Program(
             self.graph,
             self.policy_factory,
@@ -181,10 +177,10 @@ class ToTApp(Runnable[Any, ToTResult]):
                 max_concurrency=max_concurrency or self.config.max_concurrency,
                 on_result=on_result,
                 on_event=on_event,
-                release=self._active.discard,
+                release=lambda qid: hub.release([qid]),
             )
         finally:
-            self._active.difference_update(q.query_id for q in queries)
+            hub.release(q.query_id for q in queries)
 
     def run_batch(
         self,
@@ -203,30 +199,10 @@ class ToTApp(Runnable[Any, ToTResult]):
         return result
 
     def _prepare(self, states: list[State]) -> list[QueryInput]:
-        """Explicit ids are checked (unique, no '/', not already running); the others get
-        ``q<n>`` ids that collide with none of them. All before any query starts. Seeds
-        derive from the explicit id, else from the input (never from the ``q<n>`` id)."""
-        explicit = [s["query_id"] for s in states if s.get("query_id") is not None]
-        for qid in explicit:
-            if not isinstance(qid, str) or not qid or "/" in qid:
-                raise ConfigError("query_id", f"must be a non-empty string without '/': {qid!r}")
-            if qid in self._active:
-                raise ConfigError("query_id", f"{qid!r} is already running")
-        if len(set(explicit)) != len(explicit):
-            raise ConfigError("query_id", "query ids in one batch must be unique")
-        taken = set(explicit) | self._active
-        out = []
-        for state in states:
-            qid = state.get("query_id")
-            key = seed_key(state, qid)
-            if qid is None:
-                qid = f"q{next(self._ids)}"
-                while qid in taken:
-                    qid = f"q{next(self._ids)}"
-                taken.add(qid)
-                state = {**state, "query_id": qid}
-            out.append(QueryInput(state, key))
-        return out
+        """Reserve the queries' ids on the backend (explicit ones checked, the others
+        ``q<n>``) before any query starts: a concurrent batch, app or call on the same
+        backend cannot reuse one while it is queued or running."""
+        return hub_for(self.backend).reserve(states)
 
     # -- Runnable -----------------------------------------------------------------------------
     # RunnableConfig is honoured: callbacks/tags/metadata/run_name/run_id (one chain run per
@@ -240,7 +216,7 @@ class ToTApp(Runnable[Any, ToTResult]):
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> ToTResult:
-        result = (await self._arun_configured([input], [config]))[0]
+        result = (await self._configured([input], [config]))[0]
         if result.status == "timeout":
             raise QueryTimeoutError("; ".join(result.errors))
         return result
@@ -256,7 +232,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         configs = list(config) if isinstance(config, list) else [config] * len(inputs)
         if len(configs) != len(inputs):
             raise ConfigError("config", f"{len(configs)} configs for {len(inputs)} inputs")
-        return await self._arun_configured(inputs, configs)
+        return await self._configured(inputs, configs)
 
     def batch(
         self,
@@ -272,46 +248,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         return results
 
-    async def _arun_configured(
+    async def _configured(
         self, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
     ) -> list[ToTResult]:
-        """One ``arun_batch`` over ``inputs`` (shared batching), one chain run per input.
-        The first config's executor settings apply to the whole batch."""
-        from langchain_core.runnables.config import (
-            ensure_config,
-            get_async_callback_manager_for_config,
-        )
+        from spec_tot._private.runnable import arun_configured
 
-        from spec_tot._private.runnable import EventPump, configured_app
-
-        app = configured_app(self, configs[0] if configs else None)
-        # ids known up front: events are routed to their query's run
-        queries = self._prepare([app.input_to_state(value) for value in inputs])
-        pump, runs = EventPump(), []
-        for value, query, raw in zip(inputs, queries, configs, strict=True):
-            cfg = ensure_config(raw)
-            manager = get_async_callback_manager_for_config(cfg)
-            run = await manager.on_chain_start(
-                None,
-                value,
-                name=cfg.get("run_name") or self.get_name(),
-                run_id=cfg.pop("run_id", None),
-            )
-            pump.bind(query.query_id, run, cfg)
-            runs.append(run)
-        limit = next((c.get("max_concurrency") for c in configs if c), None)
-        pump.start()
-        try:
-            batch = await app._run(queries, limit, None, pump)
-        except BaseException as exc:
-            await pump.stop()
-            for run in runs:
-                await run.on_chain_error(exc)
-            raise
-        await pump.stop()
-        for run, result in zip(runs, batch.results, strict=True):
-            await run.on_chain_end(result)
-        return batch.results
+        return await arun_configured(self, inputs, configs)
 
     async def aclose(self) -> None:
         if self._backend is not None:

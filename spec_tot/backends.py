@@ -81,10 +81,15 @@ class GenerationBackend(ABC):
 class RewardBackend(ABC):
     """Scores traces (PRM, verifier, judge).
 
-    Contract: ``score`` returns, for each item, a tuple of per-step scores in [0, 1] whose
-    length equals ``len(item.steps)`` (an outcome scorer repeats its one score). It is called
-    with batches; a batch is one forward pass where the backend can do that.
+    Contract: ``score`` returns, for each item, a tuple of per-step scores (finite real
+    numbers, within ``score_range`` when it is stated) whose length equals
+    ``len(item.steps)`` (an outcome scorer repeats its one score). It is called with
+    batches; a batch is one forward pass where the backend can do that. The executor checks
+    every score: a bad one fails only the query it belongs to.
     """
+
+    # The range every score lies in, or None when the backend does not state one.
+    score_range: tuple[float, float] | None = None
 
     @abstractmethod
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]: ...

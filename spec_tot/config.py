@@ -18,34 +18,60 @@ __all__ = ["MODES", "ExecutorConfig", "LazyVerification", "Speculation"]
 Speculate = Literal["off", "all", "ranked"]
 
 
+def _integer(name: str, value: Any, minimum: int) -> None:
+    # bool is an int subclass: ``max_nodes=True`` must not mean 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(name, f"must be >= {minimum}, got {value}")
+
+
+def _number(name: str, value: Any, *, low: float | None = None, strict: bool = False) -> None:
+    """A finite real number, ``> low`` (``strict``) or ``>= low``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(name, f"must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(name, f"must be finite, got {value!r}")
+    if low is not None and (value <= low if strict else value < low):
+        raise ConfigError(name, f"must be {'>' if strict else '>='} {low}, got {value}")
+
+
+def _flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be True or False, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class LazyVerification:
-    """SpecScale LV: a reward batch runs when pending input tokens reach ``token_threshold``,
-    when a sibling group is complete, when an item was deferred ``max_deferrals`` times, when
-    the oldest item waited ``max_wait_s``, or when ``spec_flush`` speculative items wait.
+    """SpecScale LV, a batching rule that never delays the critical path: a committed item
+    goes at once while the reward model is idle; otherwise a reward batch runs when pending
+    input tokens (speculative items count) reach ``token_threshold``, when a sibling group is
+    complete, when an item was deferred ``max_deferrals`` times, when the oldest item waited
+    ``max_wait_s``, or when ``spec_flush`` speculative items wait. Speculative items ride in
+    the same batches as committed ones, so a speculative step is usually scored before it is
+    adopted (its score is off the critical path).
 
-    ``defer_speculative`` (beyond SpecScale): speculative items ride along in a batch only up
-    to ``token_threshold`` (where the PRM's per-call cost is already paid) and otherwise wait
-    for their branch to be confirmed, pruned or cancelled, or for the ``spec_flush`` backlog;
-    the time and deferral rules count committed items only. A speculative step that is pruned
-    before its turn is then never verified at all."""
+    ``idle_flush=False`` (ablation): committed items wait for the rules above too, as in
+    SpecScale's LV.
+
+    ``defer_speculative`` (opt-in): speculative items ride along in a batch only up to
+    ``token_threshold`` and otherwise wait for their branch to be confirmed, pruned or
+    cancelled, or for the ``spec_flush`` backlog; the time and deferral rules count committed
+    items only. A speculative step that is pruned before its turn is then never verified."""
 
     token_threshold: int = 2048
     max_deferrals: int = 6
     max_wait_s: float = 0.05
     spec_flush: int = 64
-    defer_speculative: bool = True
+    defer_speculative: bool = False
+    idle_flush: bool = True
 
     def __post_init__(self) -> None:
         for name in ("token_threshold", "max_deferrals", "spec_flush"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"lv.{name}", f"must be >= 1, got {getattr(self, name)}")
-        if not (math.isfinite(self.max_wait_s) and self.max_wait_s > 0):
-            raise ConfigError("lv.max_wait_s", f"must be > 0, got {self.max_wait_s}")
-        if not isinstance(self.defer_speculative, bool):
-            raise ConfigError(
-                "lv.defer_speculative", f"must be True or False, got {self.defer_speculative!r}"
-            )
+            _integer(f"lv.{name}", getattr(self, name), 1)
+        _number("lv.max_wait_s", self.max_wait_s, low=0, strict=True)
+        for name in ("defer_speculative", "idle_flush"):
+            _flag(f"lv.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +90,9 @@ class Speculation:
       full-score shortcut (opt-in: can change which tied node is kept).
     - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
     - ``lv``: lazy verification settings, or None to score each completion at once.
+    - ``max_spec_depth`` (T1's k): how many levels below the committed frontier speculation
+      may chain (through speculative nodes and nodes whose reward is pending, on provisional
+      rewards); under T2 it adapts to the query's hit rate.
     - ``adaptive``: lazy verification only while committed load fills the engine (off by
       default: on the CPU engine, where the PRM shares the cores, batched verification won
       even at low load). ``full`` adapts through T2: speculation only within the budget
@@ -86,25 +115,34 @@ class Speculation:
     adaptive: bool = False
     round_rewards: bool = True  # baseline: one reward batch per round (search-and-learn)
     max_speculative_per_query: int = 64
+    max_spec_depth: int = 6
 
     def __post_init__(self) -> None:
         if self.speculate not in ("off", "all", "ranked"):
             raise ConfigError("speculate", f"must be off, all or ranked, got {self.speculate!r}")
-        for name in ("tau", "et_alpha", "full_score"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigError(name, f"must be a finite number, got {value!r}")
-        if not self.tau > 0:
-            raise ConfigError("tau", f"must be > 0, got {self.tau}")
-        if self.et_min_answers < 1:
-            raise ConfigError("et_min_answers", f"must be >= 1, got {self.et_min_answers}")
-        if self.et_alpha < 0:
-            raise ConfigError("et_alpha", f"must be >= 0, got {self.et_alpha}")
-        if self.max_speculative_per_query < 1:
-            raise ConfigError("max_speculative_per_query", "must be >= 1")
+        for name in _FLAGS:
+            _flag(name, getattr(self, name))
+        _number("tau", self.tau, low=0, strict=True)
+        _number("et_alpha", self.et_alpha, low=0)
+        _number("full_score", self.full_score)
+        _integer("et_min_answers", self.et_min_answers, 1)
+        _integer("max_speculative_per_query", self.max_speculative_per_query, 1)
+        _integer("max_spec_depth", self.max_spec_depth, 1)
+        if self.lv is not None and not isinstance(self.lv, LazyVerification):
+            raise ConfigError("lv", f"expected a LazyVerification or None, got {self.lv!r}")
         if self.round_rewards and self.speculate != "off":
             raise ConfigError("round_rewards", "speculative modes score as results arrive")
 
+
+_FLAGS = (
+    "budget",
+    "early_termination",
+    "ep",
+    "ep_full_score",
+    "dedup",
+    "adaptive",
+    "round_rewards",
+)
 
 MODES: dict[str, Speculation] = {
     "baseline": Speculation(),
@@ -150,18 +188,18 @@ class ExecutorConfig:
     speculation: Speculation = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise UnknownNameError("executor mode", self.mode, list(MODES))
-        if self.max_concurrency < 1:
-            raise ConfigError("max_concurrency", f"must be >= 1, got {self.max_concurrency}")
-        if self.query_timeout_s is not None and not (
-            math.isfinite(self.query_timeout_s) and self.query_timeout_s > 0
-        ):
-            raise ConfigError("query_timeout_s", f"must be > 0, got {self.query_timeout_s}")
-        if not self.goodput_deadline_s > 0:
-            raise ConfigError("goodput_deadline_s", f"must be > 0, got {self.goodput_deadline_s}")
-        if self.max_nodes < 2:
-            raise ConfigError("max_nodes", f"must be >= 2, got {self.max_nodes}")
+        if not isinstance(self.mode, str) or self.mode not in MODES:
+            raise UnknownNameError("executor mode", str(self.mode), list(MODES))
+        _integer("seed", self.seed, -(2**63))
+        _integer("max_concurrency", self.max_concurrency, 1)
+        if self.query_timeout_s is not None:
+            _number("query_timeout_s", self.query_timeout_s, low=0, strict=True)
+        _number("goodput_deadline_s", self.goodput_deadline_s, low=0, strict=True)
+        _integer("max_nodes", self.max_nodes, 2)
+        if not isinstance(self.speculation_overrides, Mapping):
+            raise ConfigError(
+                "speculation_overrides", f"must be a dict, got {self.speculation_overrides!r}"
+            )
         known = {f.name for f in fields(Speculation)}
         for key in self.speculation_overrides:
             if key not in known:
@@ -169,10 +207,11 @@ class ExecutorConfig:
         overrides = dict(self.speculation_overrides)
         lv = overrides.get("lv")
         if isinstance(lv, Mapping):
-            try:
-                overrides["lv"] = LazyVerification(**lv)
-            except TypeError as exc:
-                raise ConfigError("speculation.lv", str(exc)) from exc
+            allowed = {f.name for f in fields(LazyVerification)}
+            for key in lv:
+                if key not in allowed:
+                    raise ConfigError(f"lv.{key}", f"unknown setting; known: {sorted(allowed)}")
+            overrides["lv"] = LazyVerification(**lv)
         elif lv is not None and not isinstance(lv, LazyVerification):
             raise ConfigError(
                 "speculation.lv", f"expected a dict, LazyVerification or None: {lv!r}"
@@ -181,6 +220,6 @@ class ExecutorConfig:
             overrides.setdefault("round_rewards", False)
         try:
             speculation = replace(MODES[self.mode], **overrides)
-        except TypeError as exc:  # a value of the wrong type in a switch
-            raise ConfigError("speculation_overrides", str(exc)) from exc
+        except ConfigError as exc:  # name where the value came from
+            raise ConfigError(f"speculation.{exc.field}", str(exc).split(": ", 1)[1]) from exc
         object.__setattr__(self, "speculation", speculation)

@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 from spec_tot.errors import ConfigError
 
-__all__ = ["Aggregation", "Node", "NodeStatus", "SearchTree", "aggregate_scores"]
+__all__ = [
+    "Aggregation",
+    "Node",
+    "NodeStatus",
+    "SearchTree",
+    "aggregate_scores",
+    "predicted_reward",
+]
 
 Aggregation = Literal["last", "min", "prod"]
 
@@ -47,6 +54,21 @@ def aggregate_scores(step_scores: Sequence[float], how: Aggregation) -> float:
     raise ConfigError("aggregation", f"must be 'last', 'min' or 'prod', got {how!r}")
 
 
+def predicted_reward(node: Node) -> float:
+    """``node``'s reward, or while it is pending a prediction: the mean reward of its scored
+    siblings, else its parent's (predicted) reward, else 0.5."""
+    while True:
+        if node.reward is not None:
+            return node.reward
+        parent = node.parent
+        if parent is None:
+            return 0.5
+        scored = [c.reward for c in parent.children if c.reward is not None]
+        if scored:
+            return sum(scored) / len(scored)
+        node = parent
+
+
 @dataclass(slots=True, eq=False)
 class Node:
     id: str
@@ -60,10 +82,20 @@ class Node:
     reward: float | None = None
     terminal: bool = False
     answer: str | None = None
-    # Graph state after this node's segment, and the graph node to resume from.
+    # Graph state after this node's segment, and the graph node to resume from (its *walk*).
     state: dict[str, Any] = field(default_factory=dict)
     resume_at: str | None = None
     speculative: bool = False
+    # The walk past the reward edge. ``walk_version`` counts the walks (0: none yet); a walk
+    # may be *provisional* (taken with the predicted reward ``provisional`` while the real
+    # score is pending, so that children can start early), and is *final* once the real
+    # reward is in and it derives from the parent's final walk (``base_version`` is the
+    # parent's walk it derives from). Tools run only on final walks.
+    walk_version: int = 0
+    base_version: int = 0
+    final: bool = False
+    provisional: float | None = None
+    discarded_tokens: int = 0  # generated for a prompt that changed, then regenerated
     # MCTS statistics.
     visits: int = 0
     value_sum: float = 0.0
@@ -79,6 +111,19 @@ class Node:
     @property
     def is_root(self) -> bool:
         return self.parent is None
+
+    @property
+    def known(self) -> bool:
+        """SCORED, or it has a walk (final or provisional) and is neither pruned nor
+        cancelled: its continuation could start."""
+        return self.status is NodeStatus.SCORED or (
+            self.walk_version > 0 and self.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)
+        )
+
+    @property
+    def current(self) -> bool:
+        """Its walk derives from its parent's latest walk."""
+        return self.parent is None or self.base_version == self.parent.walk_version
 
     @property
     def live_children(self) -> list[Node]:
@@ -118,8 +163,12 @@ class SearchTree:
         self.question = question
         self.root = Node(id=query_id, parent=None, depth=0, status=NodeStatus.SCORED)
         self.root.state = dict(state or {})
+        self.root.walk_version, self.root.final = 1, True
         self._nodes: dict[str, Node] = {query_id: self.root}
         self._next_child: dict[str, int] = {}
+        # Speculative nodes taken out of the tree (their ids are free again): kept for the
+        # wasted-token count.
+        self.discarded: list[Node] = []
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -151,8 +200,26 @@ class SearchTree:
         self._nodes[child.id] = child
         return child
 
+    def detach_children(self, parent: Node) -> list[Node]:
+        """Take every child of ``parent`` (all speculative: ``parent`` was never expanded)
+        and their subtrees out of the tree; the ids ``parent/0, ...`` are free again, so the
+        children a later expansion creates are exactly the baseline's."""
+        gone = [sub for child in parent.children for sub in child.subtree()]
+        for node in gone:
+            if not node.speculative:
+                raise ValueError(f"cannot detach committed node {node.id!r}")
+        for node in gone:
+            del self._nodes[node.id]
+            self._next_child.pop(node.id, None)
+        parent.children = []
+        self._next_child.pop(parent.id, None)
+        self.discarded.extend(gone)
+        return gone
+
     def terminals(self) -> list[Node]:
-        return [n for n in self._nodes.values() if n.terminal and n.status is NodeStatus.SCORED]
+        """Terminal SCORED nodes, in canonical (id path) order."""
+        found = [n for n in self._nodes.values() if n.terminal and n.status is NodeStatus.SCORED]
+        return sorted(found, key=lambda n: n.key)
 
     def by_status(self, *statuses: NodeStatus) -> list[Node]:
         return [n for n in self._nodes.values() if n.status in statuses]
@@ -165,6 +232,7 @@ class SearchTree:
         copy.question = self.question
         copy._next_child = dict(self._next_child)
         copy._nodes = {}
+        copy.discarded = list(self.discarded)
         for node in self._nodes.values():  # insertion order: parents before children
             parent = copy._nodes[node.parent.id] if node.parent is not None else None
             clone = Node(
@@ -185,6 +253,10 @@ class SearchTree:
                 visits=node.visits,
                 value_sum=node.value_sum,
                 key=node.key,
+                walk_version=node.walk_version,
+                base_version=node.base_version,
+                final=node.final,
+                provisional=node.provisional,
             )
             if parent is not None:
                 parent.children.append(clone)

@@ -180,15 +180,44 @@ def check(state: State, answer: str | None) -> bool:
     return answer == "24"
 
 
+def hinted_prompt(state: State) -> str:
+    """The prompt with the last reward in it: a branch's next step depends on the score."""
+    hint = state.get("hint")
+    head = state["question"] if hint is None else f"{state['question']} [hint {hint}]"
+    return "\n".join([head, *state["steps"]])
+
+
+def remember_reward(state: State) -> dict[str, Any]:
+    return {"hint": round(float(state["reward"]), 1)}
+
+
+def route_on_reward(state: State) -> str:
+    """A low score ends the trace (it is terminal without an answer)."""
+    return "done" if is_answer(state) or float(state["reward"]) < 0.3 else "more"
+
+
 def toy_graph(
     *,
     tool_before: Callable[[State], Any] | None = None,
     tool_after: Callable[[State], Any] | None = None,
     pure: bool = False,
     mixed: bool = False,
+    reward_dependent: bool = False,
 ) -> ThoughtGraph:
     """thought -> [tool_before] -> reward -> [tool_after] -> (thought | END); ``mixed``:
-    some intermediate steps end their trace too (``stops_early``)."""
+    some intermediate steps end their trace too (``stops_early``); ``reward_dependent``:
+    a function after the reward writes it into the state, the next prompt shows it, and a
+    low score ends the trace (walks ahead on a provisional reward then often go wrong)."""
+    if reward_dependent:
+        g = ThoughtGraph()
+        g.add_thought("t", hinted_prompt)
+        g.add_reward("r")
+        g.add_function("remember", remember_reward)
+        g.add_edge(START, "t")
+        g.add_edge("t", "r")
+        g.add_edge("r", "remember")
+        g.add_conditional_edges("remember", route_on_reward, {"more": "t", "done": END})
+        return g
     router = route_mixed if mixed else route
     g = ThoughtGraph()
     g.add_thought("t", prompt)
@@ -352,14 +381,10 @@ class OneRuleRouter(RewardRouter):
         if query_id not in self._queries:
             self.open_query(query_id, self.rule, self.recorder, None)
 
-    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+    def expect(self, query_id: str, node_id: str) -> None:
         self._ensure(query_id)
-        super().segment_started(query_id, speculative=speculative)
+        super().expect(query_id, node_id)
 
-    def adopt(self, query_id: str, node_id: str) -> None:
+    def prepare(self, query_id: str, *args: Any, **kwargs: Any) -> Any:
         self._ensure(query_id)
-        super().adopt(query_id, node_id)
-
-    async def score(self, query_id: str, *args: Any, **kwargs: Any) -> tuple[float, ...]:
-        self._ensure(query_id)
-        return await super().score(query_id, *args, **kwargs)
+        return super().prepare(query_id, *args, **kwargs)

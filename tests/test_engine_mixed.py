@@ -98,18 +98,29 @@ def test_a_new_prompt_joins_the_running_batch(make_engine: Any) -> None:
     engine.abort_all()
 
 
-def test_sparse_and_gather_attention_agree(make_engine: Any) -> None:
-    """The in-place sparse decode path and the gather + SDPA path compute the same logits."""
+@pytest.mark.parametrize("ragged", [True, False])
+def test_sparse_and_gather_attention_agree(
+    make_engine: Any, ragged: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-place sparse decode path (ragged rows, or rows padded to one width) and the
+    gather + SDPA path compute the same logits."""
+    from spec_tot.adapters.local import runner
+
+    monkeypatch.setattr(runner, "RAGGED_MIN_WASTE", 0)  # ragged as soon as lengths differ
     engines = [make_engine(attention=a) for a in ("sparse", "gather")]
     logits = []
     for engine in engines:
         for i in range(6):
             params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-            engine.add_request(GenerateRequest(f"r{i}", params, prompt="p" * (3 + 5 * i)))
+            prompt = "p" * (3 + 5 * i) if ragged else f"prompt {i}"
+            engine.add_request(GenerateRequest(f"r{i}", params, prompt=prompt))
         for _ in range(4):
             engine.step()
         plan = engine.scheduler.schedule()
         assert plan.num_decode == 6
+        if engine.runner.attention == "sparse":
+            meta = engine.runner.prepare(plan.rows, plan.num_decode)[0].sparse
+            assert meta is not None and (meta.flat is not None) == ragged
         for row in plan.rows:
             engine.block_manager.publish(row.seq, row.end)
         tokens = list(range(len(plan.rows)))

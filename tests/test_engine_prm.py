@@ -51,8 +51,9 @@ def test_prefix_reuse_gives_the_same_scores(tiny_prm: Path) -> None:
                 w for t, w in zip(TRACES, whole, strict=True) if t.request_id == item.request_id
             )
             assert scores == pytest.approx(want[: len(item.steps)], abs=1e-5)
-    # every token was computed once at most (shared question and sibling steps: less)
-    assert stepwise.num_computed_tokens <= cost_whole
+    # every token computed once, but for a partial block per item and step
+    slack = 3 * len(TRACES) * stepwise.block_manager.block_size
+    assert stepwise.num_computed_tokens <= cost_whole + slack
     before = stepwise.num_computed_tokens
     again = stepwise.score(TRACES)
     assert [x for s in again for x in s] == pytest.approx([x for s in whole for x in s], abs=1e-5)

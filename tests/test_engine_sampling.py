@@ -122,7 +122,7 @@ def test_identical_pending_requests_merge(make_engine: Any) -> None:
     ]
     on, off = make_engine(enable_dedup=True), make_engine(enable_dedup=False)
     assert _run(on, reqs) == _run(off, reqs)
-    assert on.num_merged_requests == 2
+    assert on.stats()["num_merged_requests"] == 2
 
 
 def test_seeded_requests_reproduce(make_engine: Any) -> None:

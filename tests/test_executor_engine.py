@@ -40,7 +40,7 @@ async def backend(tiny_llama: Path, tiny_prm: Path) -> Any:
     await local.aclose()
 
 
-@pytest.mark.parametrize("mode", ["baseline", "naive", "spex", "specscale", "full"])
+@pytest.mark.parametrize("mode", ["baseline", "dedup", "naive", "spex", "specscale", "full"])
 @pytest.mark.parametrize("search", ["beam", "rstar"])
 async def test_modes_leave_no_request_and_no_kv_block(backend: Any, mode: str, search: str) -> None:
     params = {"n": 4, "width": 2, "max_depth": 3} if search == "beam" else {"width": 2}
@@ -57,12 +57,17 @@ async def test_modes_leave_no_request_and_no_kv_block(backend: Any, mode: str, s
     assert_pool_free(backend.engine)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-async def test_random_cancellation_frees_every_block(backend: Any, seed: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "search"), [(0, "beam"), (1, "beam"), (2, "rstar"), (3, "rest_mcts")]
+)
+async def test_random_cancellation_frees_every_block(backend: Any, seed: int, search: str) -> None:
+    """Deep speculative chains (MCTS rollouts several levels below the committed frontier)
+    included: cancelled queries free every block at once."""
     rng = random.Random(seed)
+    params = {"n": 4, "width": 2, "max_depth": 3} if search == "beam" else {"width": 2}
     app = _graph().compile(
-        search="beam",
-        search_params={"n": 4, "width": 2, "max_depth": 3},
+        search=search,
+        search_params=params,
         backend=backend,
         config=ExecutorConfig(mode="full", seed=seed),
     )

@@ -444,7 +444,8 @@ def test_invalid_policy_params_at_compile_time() -> None:
 
 
 def test_unexpected_policy_param() -> None:
-    with pytest.raises(TypeError, match="nope"):
+    """A ConfigError naming the parameter and the policy, at compile time."""
+    with pytest.raises(ConfigError, match="nope: unknown parameter of policy 'beam'"):
         compile_g(base_graph(), search="beam", search_params={"nope": 1})
 
 

@@ -17,7 +17,7 @@ from lg_examples import lats, lats_answer, puzzles, tot, tot_answer
 from typing_extensions import TypedDict
 
 from spec_tot.branch import current_branch
-from spec_tot.langgraph import from_langgraph
+from spec_tot.langgraph import SPECULATIVE_TAG, from_langgraph
 
 # Test latencies are 0-10 ms (benchmarks/langgraph_tot.py uses 10-200 ms), and searches stop
 # at depth 5 (the tutorial's own context knob), to keep the suite fast.
@@ -94,6 +94,23 @@ def test_the_examples_run_and_agree(capsys: pytest.CaptureFixture[str]) -> None:
         line.split(maxsplit=1)[1] for line in out if line.startswith(("langgraph ", "spec-tot "))
     ]
     assert lats_runs[-2] == lats_runs[-1] and "speculative: 0" in out[-1]
+
+
+async def test_callbacks_trace_every_call_and_tag_speculative_ones() -> None:
+    async def chat_starts(app: Any) -> list[list[str]]:
+        events = app.astream_events({"problem": "2 3 5 12"}, RUN, version="v2", context=CONTEXT)
+        return [e["tags"] async for e in events if e["event"] == "on_chat_model_start"]
+
+    counts = {}
+    for mode in ("langgraph", "baseline", "full"):
+        llm = tot.tot_model(seed=2, **FAST)
+        graph = tot.build_tot_graph(llm)
+        app = graph.compile() if mode == "langgraph" else from_langgraph(graph, mode=mode)
+        tags = await chat_starts(app)
+        assert len(tags) == llm.num_calls  # every model call is traced
+        counts[mode] = (len(tags), sum(SPECULATIVE_TAG in t for t in tags))
+    assert counts["baseline"] == counts["langgraph"] == (counts["langgraph"][0], 0)
+    assert counts["full"][1] > 0  # speculative calls carry the tag
 
 
 # -- side effects: never on a speculative or cancelled branch -----------------------------

@@ -8,7 +8,8 @@ import pytest
 from policy_harness import Outcome, drive, fingerprint, table
 
 from spec_tot.policies.base import Expansion
-from spec_tot.policies.mcts import MCTS, RestMCTS, RStarMCTS
+from spec_tot.policies.mcts import MCTS, RStarMCTS
+from spec_tot.policies.rest_mcts import RestMCTS
 from spec_tot.tree import NodeStatus, SearchTree
 
 

@@ -56,11 +56,27 @@ CASES: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("name", "params", "field"), CASES)
+TYPES: list[tuple[str, dict[str, Any], str]] = [
+    ("beam", {"n": "8"}, "n"),
+    ("beam", {"vote": ["best"]}, "vote"),
+    ("rebase", {"temperature": "hot"}, "temperature"),
+    ("mcts", {"c": None}, "c"),
+    ("rest_mcts", {"alpha": "0.5"}, "alpha"),
+    ("tot_dfs", {"threshold": "high"}, "threshold"),
+    ("best_of_n", {"aggregation": 1}, "aggregation"),
+    ("beam", {"bogus": 1}, "bogus"),
+    ("rstar", {"alpha": 0.5}, "alpha"),  # a REST-MCTS* parameter, not rStar's
+]
+
+
+@pytest.mark.parametrize(("name", "params", "field"), CASES + TYPES)
 def test_bad_param_names_field(name: str, params: dict[str, Any], field: str) -> None:
+    """A bad value, a wrong type or an unknown keyword: a ConfigError naming the parameter
+    and the policy (never a bare TypeError)."""
     with pytest.raises(ConfigError) as info:
         create_policy(name, **params)
     assert info.value.field == field
+    assert repr(name) in str(info.value)
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)

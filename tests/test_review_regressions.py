@@ -112,16 +112,20 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
     lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=1.0)
     router = OneRuleRouter(lv)
     state = {"question": "q", "steps": ["s"]}
-    for _ in range(2):
-        router.segment_started("A", speculative=False)
-    for _ in range(3):
-        router.segment_started("B", speculative=False)
-    a = [
-        asyncio.create_task(router.score("A", f"A/{i}", node, state, speculative=False))
-        for i in range(2)
-    ]
+    for i in range(2):
+        router.expect("A", f"A/{i}")
+    for i in range(3):
+        router.expect("B", f"B/{i}")
+
+    def score(query: str, node_id: str) -> asyncio.Task[tuple[float, ...]]:
+        item, scorer = router.prepare(query, node_id, node, state)
+        return asyncio.create_task(
+            router.score(query, item, scorer, speculative=False, node_name="r")
+        )
+
+    a = [score("A", f"A/{i}") for i in range(2)]
     await asyncio.sleep(0.01)  # A's complete group is now being scored
-    b = asyncio.create_task(router.score("B", "B/0", node, state, speculative=False))
+    b = score("B", "B/0")
     await asyncio.sleep(0.03)
     assert calls == [["A/0", "A/1"]]  # B/0 waits for its own group (or the timer)
     router.forget("B")

@@ -91,7 +91,8 @@ def test_threads_take_zero_virtual_time() -> None:
 # -- determinism and the toy program ------------------------------------------------------------
 def test_same_seed_same_metrics_and_trees() -> None:
     (a, _), (b, _) = run_toy("full", engine_dedup=True), run_toy("full", engine_dedup=True)
-    virtual = [k for k in a.metrics.to_dict() if "cpu" not in k]  # CPU time is real time
+    # CPU time and peak RSS are the real process's, not the simulation's
+    virtual = [k for k in a.metrics.to_dict() if "cpu" not in k and "rss" not in k]
     assert [a.metrics.to_dict()[k] for k in virtual] == [b.metrics.to_dict()[k] for k in virtual]
     for ra, rb in zip(a.results, b.results, strict=True):
         na = [(n.id, n.text, n.status, n.reward) for n in ra.tree.nodes()]
@@ -213,7 +214,8 @@ def test_roofline_flat_below_saturation_and_growing_beyond() -> None:
     assert 8 < sat <= cfg.max_running
     t = cfg.decode_step_time
     assert t(max(1, sat // 8), 128) / t(1, 128) < 1.25  # memory-bound: weights dominate
-    assert t(4 * sat, 128) / t(sat, 128) > 2.5  # compute-bound: linear in the batch
+    assert t(sat, 128) / t(1, 128) <= 1.25  # "nearly free" up to the saturation batch
+    assert t(16 * sat, 128) / t(4 * sat, 128) > 2.5  # compute-bound: linear in the batch
     assert cfg.prm_time(4096) > cfg.prm_time(256) > cfg.prm_call_overhead_s
     assert SimConfig.preset("h200-7b", **FAST).decode_step_time(1, 128) < t(1, 128)
 

@@ -322,19 +322,19 @@ def test_budget_grant_never_exceeds_room_or_request() -> None:
 def test_budget_grants_stay_within_room_under_any_sequence(
     capacity: int, ops: list[tuple[str, str, int, float]], tau: float
 ) -> None:
-    budget = SpeculationBudget(capacity=capacity, tau=tau)
+    budget = SpeculationBudget(capacity=capacity)
     for op, q, n, utility in ops:
         if op == "grant":
             room = budget.room()
-            granted = budget.grant(q, n, utility)
+            granted = budget.grant(q, n, utility, tau)
             assert 0 <= granted <= min(n, max(room, 0))
             budget.started(q, granted) if granted else None
         elif op == "finish" and budget.speculative.get(q, 0):
             budget.finished(q)
         elif op == "commit":
-            budget.committed += 1
-        elif op == "uncommit" and budget.committed:
-            budget.committed -= 1
+            budget.committed_started()
+        elif op == "uncommit":
+            budget.committed_finished()
         elif op == "hit" and budget.hits.get(q, 0) < budget.launched.get(q, 0):
             budget.hit(q)
         elif op == "forget":
@@ -345,34 +345,37 @@ def test_budget_grants_stay_within_room_under_any_sequence(
 
 def test_committed_load_shrinks_room_to_zero() -> None:
     budget = SpeculationBudget(capacity=8)
-    budget.committed = 6
+    for _ in range(6):
+        budget.committed_started()
     assert budget.room() == 2
     assert budget.grant("a", 10, 1.0) == 2  # alone, a query may use all the room
-    budget.committed = 8
+    for _ in range(2):
+        budget.committed_started()
     assert budget.room() == 0
     assert budget.grant("a", 10, 1.0) == 0
-    budget.committed = 12  # committed past saturation: still nothing, never negative
+    for _ in range(4):  # committed past saturation: still nothing, never negative
+        budget.committed_started()
     assert budget.grant("a", 10, 1.0) == 0
     assert budget.grant("b", 10, 5.0) == 0
 
 
 def test_softmax_sharing_favours_higher_utility() -> None:
-    budget = SpeculationBudget(capacity=10, tau=0.1)
-    budget.grant("hi", 0, 1.0)  # register both queries' demand
-    budget.grant("lo", 0, 0.1)
-    hi, lo = budget.grant("hi", 10, 1.0), budget.grant("lo", 10, 0.1)
+    budget = SpeculationBudget(capacity=10)
+    budget.grant("hi", 0, 1.0, 0.1)  # register both queries' demand
+    budget.grant("lo", 0, 0.1, 0.1)
+    hi, lo = budget.grant("hi", 10, 1.0, 0.1), budget.grant("lo", 10, 0.1, 0.1)
     assert hi > lo
     assert hi + lo <= 10
     # a large tau shares nearly evenly
-    flat = SpeculationBudget(capacity=10, tau=100.0)
-    flat.grant("hi", 0, 1.0)
-    flat.grant("lo", 0, 0.1)
-    hi, lo = flat.grant("hi", 10, 1.0), flat.grant("lo", 10, 0.1)
+    flat = SpeculationBudget(capacity=10)
+    flat.grant("hi", 0, 1.0, 100.0)
+    flat.grant("lo", 0, 0.1, 100.0)
+    hi, lo = flat.grant("hi", 10, 1.0, 100.0), flat.grant("lo", 10, 0.1, 100.0)
     assert hi >= lo >= hi - 1 and hi + lo <= 10
 
 
 def test_hit_rate_prior_and_learning() -> None:
-    budget = SpeculationBudget(capacity=20, tau=0.05)
+    budget = SpeculationBudget(capacity=20)
     assert budget.hit_rate("new") == 0.5  # Beta(1, 1) prior
     budget.started("good", 4)
     for _ in range(4):
@@ -384,15 +387,15 @@ def test_hit_rate_prior_and_learning() -> None:
     assert budget.hit_rate("good") == pytest.approx(5 / 6)
     assert budget.hit_rate("bad") == pytest.approx(1 / 6)
     # at equal candidate utility the query whose guesses were adopted gets more room
-    budget.grant("good", 0, 1.0)
-    budget.grant("bad", 0, 1.0)
-    assert budget.grant("good", 20, 1.0) > budget.grant("bad", 20, 1.0)
+    budget.grant("good", 0, 1.0, 0.05)
+    budget.grant("bad", 0, 1.0, 0.05)
+    assert budget.grant("good", 20, 1.0, 0.05) > budget.grant("bad", 20, 1.0, 0.05)
     budget.forget("good")
     assert budget.hit_rate("good") == 0.5
 
 
 def test_most_useful_query_gets_a_slot_while_the_engine_has_room() -> None:
-    budget = SpeculationBudget(capacity=3, tau=1.0)
+    budget = SpeculationBudget(capacity=3)
     for q in "abcd":
         budget.grant(q, 0, 1.0)
     assert budget.grant("a", 1, 1.0) == 1  # share 3/4 floors to 0, but it is the top query
@@ -469,68 +472,104 @@ def submit(
     router: RewardRouter, node: GraphNode, node_id: str, *, words: int = 1, spec: bool = True
 ) -> asyncio.Task[tuple[float, ...]]:
     state = {"question": "", "steps": ["wxyz" * words]}  # tokens: len(text) // 4 = words
+    query = node_id.split("/")[0]
+    item, scorer = router.prepare(query, node_id, node, state)
     return asyncio.create_task(
-        router.score(node_id.split("/")[0], node_id, node, state, speculative=spec)
+        router.score(query, item, scorer, speculative=spec, node_name=node.name)
     )
 
 
-async def test_lv_token_threshold_triggers_a_flush() -> None:
+async def busy(router: RewardRouter) -> tuple[CountingScorer, asyncio.Task[tuple[float, ...]]]:
+    """A committed item whose (slow) batch keeps the reward model busy for 50 ms."""
+    slow = CountingScorer(delay=0.05)
+    task = submit(router, reward_node(slow), "z/0", spec=False)
+    await settle()
+    assert slow.batches == [["z/0"]]
+    return slow, task
+
+
+async def test_lv_scores_a_committed_item_at_once_while_the_reward_model_is_idle() -> None:
     scorer = CountingScorer()
-    router, node = (
-        OneRuleRouter(lv(token_threshold=10)),
-        reward_node(scorer),
-    )
-    tasks = [submit(router, node, f"q/{i}", words=3, spec=False) for i in range(3)]  # 9 tokens
+    router, node = OneRuleRouter(lv()), reward_node(scorer)
+    for i in range(3):
+        router.expect("q", f"q/{i}")  # its siblings are still generating
+    task = submit(router, node, "q/0", spec=False)
+    await settle()
+    assert scorer.batches == [["q/0"]]  # never held back while nothing is being scored
+    assert await task == (0.5,)
+
+
+async def test_lv_gathers_items_while_a_batch_runs_and_sends_them_when_it_ends() -> None:
+    scorer = CountingScorer()
+    router, node = OneRuleRouter(lv()), reward_node(scorer)
+    _, blocker = await busy(router)
+    for i in range(4):
+        router.expect("q", f"q/{i}")
+    tasks = [submit(router, node, f"q/{i}", spec=False) for i in range(2)]
+    tasks.append(submit(router, node, "q/9/0"))  # a speculative item rides along
     await settle()
     assert scorer.batches == []
-    tasks.append(submit(router, node, "q/3", words=3, spec=False))  # 12 >= 10
+    await blocker
+    await settle()
+    assert scorer.batches == [["q/0", "q/1", "q/9/0"]]  # committed work first
+    await asyncio.gather(*tasks)
+
+
+async def test_lv_token_threshold_counts_speculative_items() -> None:
+    scorer = CountingScorer()
+    router, node = OneRuleRouter(lv(token_threshold=10)), reward_node(scorer)
+    _, blocker = await busy(router)
+    tasks = [submit(router, node, f"q/{i}", words=3) for i in range(3)]  # 9 tokens
+    await settle()
+    assert scorer.batches == []
+    tasks.append(submit(router, node, "q/3", words=3))  # 12 >= 10: due even while busy
     await settle()
     assert scorer.batches == [["q/0", "q/1", "q/2", "q/3"]]
     assert await asyncio.gather(*tasks) == [(0.5,)] * 4
+    await blocker
 
 
 async def test_lv_complete_sibling_group_triggers_a_flush() -> None:
-    """SpecScale's pooled LV (``defer_speculative=False``): speculative items ride along."""
     scorer = CountingScorer()
-    router = OneRuleRouter(lv(defer_speculative=False))
-    node = reward_node(scorer)
-    for _ in range(3):
-        router.segment_started("q", speculative=False)
-    router.segment_started("q", speculative=True)
+    router, node = OneRuleRouter(lv()), reward_node(scorer)
+    _, blocker = await busy(router)
+    for i in range(3):
+        router.expect("q", f"q/{i}")
     spec = submit(router, node, "q/9", spec=True)
     tasks = [submit(router, node, f"q/{i}", spec=False) for i in range(2)]
     await settle()
-    assert scorer.batches == []  # 2 of 3 committed siblings wait
+    assert scorer.batches == []  # 2 of 3 committed siblings wait, the reward model is busy
     tasks.append(submit(router, node, "q/2", spec=False))
     await settle()
     # one batch, committed work first, the waiting speculative item rides along
     assert scorer.batches == [["q/0", "q/1", "q/2", "q/9"]]
-    await asyncio.gather(spec, *tasks)
+    await asyncio.gather(spec, blocker, *tasks)
 
 
 async def test_lv_group_counts_branches_that_ended_unscored() -> None:
     scorer = CountingScorer()
     router, node = OneRuleRouter(lv()), reward_node(scorer)
-    for _ in range(2):
-        router.segment_started("q", speculative=False)
+    _, blocker = await busy(router)
+    router.expect("q", "q/0")
+    router.expect("q", "q/1")
     task = submit(router, node, "q/0", spec=False)
     await settle()
     assert scorer.batches == []
-    router.segment_ended_unscored("q", speculative=False)  # its sibling failed
+    router.release("q", "q/1")  # its sibling failed
     await settle()
     assert scorer.batches == [["q/0"]]
-    await task
+    await asyncio.gather(task, blocker)
 
 
 async def test_lv_deferral_limit_triggers_a_flush() -> None:
     scorer = CountingScorer()
     router, node = OneRuleRouter(lv(max_deferrals=2)), reward_node(scorer)
-    tasks = [submit(router, node, "q/0", spec=False)]
+    tasks = [submit(router, node, "q/0")]
     await settle()
-    tasks.append(submit(router, node, "q/1", spec=False))
+    tasks.append(submit(router, node, "q/1"))
     await settle()
     assert scorer.batches == []  # q/0 deferred twice now
-    tasks.append(submit(router, node, "q/2", spec=False))
+    tasks.append(submit(router, node, "q/2"))
     await settle()
     assert scorer.batches == [["q/0", "q/1", "q/2"]]
     await asyncio.gather(*tasks)
@@ -544,17 +583,17 @@ def test_lv_counts_one_deferral_per_clock_instant() -> None:
         scorer = CountingScorer()
         router = OneRuleRouter(lv(max_deferrals=2))
         node = reward_node(scorer)
-        tasks = [submit(router, node, f"q/{i}", spec=False) for i in range(1)]
+        tasks = [submit(router, node, f"q/{i}") for i in range(1)]
         for i in range(1, 4):  # three more ticks, virtual clock standing still
             await settle()
-            tasks.append(submit(router, node, f"q/{i}", spec=False))
+            tasks.append(submit(router, node, f"q/{i}"))
         await settle()
         assert scorer.batches == []
         await asyncio.sleep(0.001)  # the next instant: the second deferral, then a flush
-        tasks.append(submit(router, node, "q/4", spec=False))
+        tasks.append(submit(router, node, "q/4"))
         await settle()
         await asyncio.sleep(0.001)
-        tasks.append(submit(router, node, "q/5", spec=False))
+        tasks.append(submit(router, node, "q/5"))
         await settle()
         await asyncio.gather(*tasks)
         return scorer.batches
@@ -568,7 +607,7 @@ async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
     router, node = OneRuleRouter(lv(max_wait_s=0.02)), reward_node(scorer)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    result = await asyncio.wait_for(submit(router, node, "q/0", spec=False), timeout=1.0)
+    result = await asyncio.wait_for(submit(router, node, "q/0"), timeout=1.0)
     assert result == (0.5,)
     assert scorer.batches == [["q/0"]]
     assert loop.time() - started >= 0.015
@@ -577,19 +616,12 @@ async def test_lv_wall_clock_bound_triggers_a_flush() -> None:
 async def test_lv_speculative_backlog_triggers_a_flush() -> None:
     scorer = CountingScorer()
     router, node = OneRuleRouter(lv(spec_flush=3)), reward_node(scorer)
-    router.segment_started("q", speculative=False)
-    committed_task = submit(router, node, "q/c", spec=False)
-    await settle()
-    # a committed item alone in a group of 1 flushes by the group rule
-    assert scorer.batches == [["q/c"]]
-    await committed_task
-    router.segment_started("q", speculative=False)  # a committed branch still generating
     tasks = [submit(router, node, f"q/{i}") for i in range(2)]
     await settle()
-    assert len(scorer.batches) == 1
+    assert scorer.batches == []  # speculative items alone are not urgent
     tasks.append(submit(router, node, "q/2"))
     await settle()
-    assert scorer.batches[1] == ["q/0", "q/1", "q/2"]
+    assert scorer.batches == [["q/0", "q/1", "q/2"]]
     await asyncio.gather(*tasks)
 
 
@@ -599,29 +631,27 @@ async def test_lv_batches_across_queries_and_records_calls() -> None:
     router, node = OneRuleRouter(lv(token_threshold=4), recorder), reward_node(scorer)
     tasks = [submit(router, node, f"q{i}/0", words=1, spec=False) for i in range(4)]
     await settle()
-    assert scorer.batches == [["q0/0", "q1/0", "q2/0", "q3/0"]]
+    assert scorer.batches == [["q0/0", "q1/0", "q2/0", "q3/0"]]  # one loop tick, one batch
     assert recorder.reward_calls == 1 and recorder.reward_items == 4
     await asyncio.gather(*tasks)
 
 
-async def test_lv_defers_speculative_items_until_their_branch_is_confirmed() -> None:
-    """Default LV: speculative items never make a batch due, never ride along, and are
-    scored once adopted; a pruned one is never scored at all."""
+async def test_lv_defer_speculative_holds_speculative_items_until_confirmed() -> None:
+    """Opt-in ``defer_speculative``: speculative items never make a batch due, never ride
+    along, and are scored once adopted; a pruned one is never scored at all."""
     scorer = CountingScorer()
-    router, node = OneRuleRouter(lv(token_threshold=4)), reward_node(scorer)
-    for _ in range(2):
-        router.segment_started("q", speculative=True)
+    router = OneRuleRouter(lv(token_threshold=4, defer_speculative=True))
+    node = reward_node(scorer)
     kept = submit(router, node, "q/0/0", words=5)  # 5 tokens >= 4: would be due if counted
     pruned = submit(router, node, "q/1/0", words=5)
     await settle()
     assert scorer.batches == []
-    router.segment_started("q", speculative=False)
-    parent = submit(router, node, "q/0", spec=False)  # a group of one: due at once
+    parent = submit(router, node, "q/0", spec=False)  # committed, reward model idle: at once
     await settle()
     assert scorer.batches == [["q/0"]]
     await parent
     pruned.cancel()  # early pruning cancels the branch before its turn
-    router.adopt("q", "q/0/0")  # the round selected q/0: its child is committed now
+    router.expect("q", "q/0/0")  # the round selected q/0: its child is committed now
     await settle()
     assert scorer.batches == [["q/0"], ["q/0/0"]]
     assert await kept == (0.5,)
@@ -631,8 +661,8 @@ async def test_lv_defers_speculative_items_until_their_branch_is_confirmed() -> 
 async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None:
     scorer = CountingScorer()
     router, node = OneRuleRouter("round"), reward_node(scorer)
-    for _ in range(2):
-        router.segment_started("q", speculative=False)
+    for i in range(2):
+        router.expect("q", f"q/{i}")
     first = submit(router, node, "q/0", spec=False)
     await settle()
     assert scorer.batches == []
@@ -643,8 +673,8 @@ async def test_round_rule_waits_for_the_whole_round_and_eager_does_not() -> None
 
     eager_scorer = CountingScorer()
     eager, enode = OneRuleRouter("eager"), reward_node(eager_scorer)
-    for _ in range(2):
-        eager.segment_started("q", speculative=False)
+    for i in range(2):
+        eager.expect("q", f"q/{i}")
     task = submit(eager, enode, "q/0", spec=False)
     await settle()
     assert eager_scorer.batches == [["q/0"]]
@@ -668,24 +698,22 @@ async def test_lv_forget_cancels_a_query_pending_items_only() -> None:
 
 # -- bugs ------------------------------------------------------------------------------------
 async def test_lv_adoption_after_the_reward_flush_keeps_the_group_rule_working() -> None:
-    """What QueryRunner._adopt does for a running speculative branch, replayed on the router:
+    """What the controller does for a running speculative branch, replayed on the router:
     the branch's reward batch is already being scored when the branch is adopted."""
     scorer = CountingScorer(delay=0.01)
-    router = OneRuleRouter(lv(defer_speculative=False))
+    router = OneRuleRouter(lv())
     node = reward_node(scorer)
-    router.segment_started("q", speculative=False)
-    router.segment_started("q", speculative=True)
+    router.expect("q", "q/0")
     spec = submit(router, node, "q/0/0", spec=True)  # speculative child of q/0
     parent = submit(router, node, "q/0", spec=False)
     await settle()
-    assert scorer.batches == [["q/0", "q/0/0"]]  # the group of one flushed; scoring now
+    assert scorer.batches == [["q/0", "q/0/0"]]  # at once; scoring now
     # the policy selects q/0: its speculative child is adopted while its batch is in flight
-    # (the runner adopts through the router only while the child has no reward yet)
-    router.adopt("q", "q/0/0")
+    router.expect("q", "q/0/0")
     await parent
     await spec
     # next round: one committed child, waiting at its reward: the group is complete
-    router.segment_started("q", speculative=False)
+    router.expect("q", "q/0/0/0")
     nxt = submit(router, node, "q/0/0/0", spec=False)
     await settle()
     try:
@@ -755,17 +783,14 @@ async def test_lv_time_rules_rest_while_the_engine_is_loaded() -> None:
     full = [True]
     router = OneRuleRouter(lv(max_wait_s=0.01, max_deferrals=1), saturated=lambda: full[0])
     node = reward_node(scorer)
-    for _ in range(2):
-        router.segment_started("q", speculative=False)
-    first = submit(router, node, "q/0", spec=False)  # its sibling is still generating
+    first = submit(router, node, "q/0/0")  # speculative, waiting
     await asyncio.sleep(0.05)
     assert scorer.batches == []
     # load falls when a committed request finishes; its branch then reaches the router
     full[0] = False
-    router.segment_started("q", speculative=False)
-    second = submit(router, node, "q/1", spec=False)
+    second = submit(router, node, "q/1/0")
     await asyncio.wait_for(asyncio.gather(first, second), timeout=1.0)
-    assert scorer.batches == [["q/0", "q/1"]]  # q/0 waited past the bound: both go now
+    assert scorer.batches == [["q/0/0", "q/1/0"]]  # q/0/0 waited past the bound: both go
     router.forget("q")
 
 

@@ -29,15 +29,21 @@ __all__ = ["DenseMeta", "SparseMeta", "dense_attention", "sparse_attention"]
 
 @dataclass(slots=True)
 class SparseMeta:
-    """Decode rows ``0..n-1`` of the packed step; ``pattern`` is ``[n * Hq, S * Hkv]`` with
-    ``width`` entries a row (the rows' longest context; shorter rows are masked)."""
+    """Tokens ``0..num_rows-1`` of the packed step; ``pattern`` is ``[n * Hq, S * Hkv]``.
+
+    Padded (``flat`` None): every row has ``width`` entries (the longest context; shorter
+    rows masked by ``mask``). Ragged: each row has exactly its context's entries (no work
+    on padding when lengths differ); the softmax runs on a ``[n, Hq, width]`` buffer of
+    -inf into which ``flat`` places them.
+    """
 
     pattern: torch.Tensor  # sparse CSR, zero values
     crow: torch.Tensor
     cols: torch.Tensor
-    mask: torch.Tensor  # [n, 1, width] additive 0 / -inf (the same for every head)
+    mask: torch.Tensor | None  # padded: [n, 1, width] additive 0 / -inf (every head)
     width: int
     num_rows: int
+    flat: torch.Tensor | None = None  # ragged: each entry's index in [n * Hq * width]
 
 
 @dataclass(slots=True)
@@ -66,9 +72,15 @@ def sparse_attention(
     scores = torch.sparse.sampled_addmm(
         meta.pattern, q.reshape(n * heads, dim), k_flat.t(), beta=0.0, alpha=scale
     ).values()
-    probs = torch.softmax(scores.view(n, heads, meta.width) + meta.mask, dim=-1)
+    if meta.flat is None:
+        probs = torch.softmax(scores.view(n, heads, meta.width) + meta.mask, dim=-1).view(-1)
+    else:
+        padded = scores.new_full((n * heads * meta.width,), float("-inf"))
+        padded.index_copy_(0, meta.flat, scores)
+        probs = torch.softmax(padded.view(n * heads, meta.width), dim=-1).view(-1)
+        probs = probs.index_select(0, meta.flat)
     weights = torch.sparse_csr_tensor(
-        meta.crow, meta.cols, probs.view(-1), size=meta.pattern.shape, check_invariants=False
+        meta.crow, meta.cols, probs, size=meta.pattern.shape, check_invariants=False
     )
     out: torch.Tensor = torch.sparse.mm(weights, v_flat)
     return out.view(n, heads, dim)

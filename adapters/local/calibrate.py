@@ -3,7 +3,9 @@ medians over repeats, cached per model and machine.
 
 - **Step cost** (``step_cost_curve``): full ``LLMEngine.step()`` time (schedule, forward,
   sampling, postprocess) of decode steps at batch sizes 1..``max_num_seqs`` (powers of two
-  and the maximum), each the median of several steps, median over repeats. A line ``cost(b) =
+  and the maximum), each the median of several steps, median over repeats in which the
+  sizes take turns. CPU time of the engine thread on CPU (a shared machine's other load
+  then barely moves it), wall time on CUDA. A line ``cost(b) =
   fixed + per_row * b`` fitted to all points gives the saturation batch: the largest ``b``
   whose step costs at most ``factor`` x a one-row step. Fitting every point (instead of
   picking the first power of two over a threshold) keeps two starts within a few percent.
@@ -86,19 +88,33 @@ def _batches(limit: int) -> list[int]:
     return [*out, limit]
 
 
+def _clock(device: str) -> Callable[[], float]:
+    """CPU time of this thread on CPU (other processes on a shared machine then barely move
+    the figures; medians take care of the rest), wall time after a sync on CUDA."""
+    if device.startswith("cuda"):
+
+        def wall() -> float:
+            torch.cuda.synchronize()
+            return time.perf_counter()
+
+        return wall
+    return time.thread_time
+
+
 def step_cost_curve(
-    engine: Any, *, context: int = 64, steps: int = 8, repeats: int = 3
+    engine: Any, *, context: int = 64, steps: int = 6, repeats: int = 5
 ) -> dict[int, float]:
-    """Median full step time (seconds) of decode steps at each batch size."""
+    """Median full step time (seconds) of decode steps at each batch size; the batch sizes
+    take turns within each repeat, so drifting load touches every point alike."""
     limit = engine.config.max_num_seqs
     context = max(2, min(context, engine.max_len - steps - 2))
     vocab = engine.loaded.args.vocab_size
     rng = random.Random(0)
+    clock = _clock(engine.device)
     params = SamplingParams(temperature=0.8, max_tokens=steps + 2, ignore_eos=True, seed=0)
-    curve: dict[int, float] = {}
-    for batch in _batches(limit):
-        runs = []
-        for rep in range(repeats):
+    runs: dict[int, list[float]] = {b: [] for b in _batches(limit)}
+    for rep in range(repeats + 1):  # the first round warms up
+        for batch in runs:
             for i in range(batch):
                 ids = tuple(rng.randrange(vocab) for _ in range(context))
                 rid = f"__calibration__/{batch}/{rep}/{i}"
@@ -106,16 +122,14 @@ def step_cost_curve(
             engine.step()  # the prompts (not timed: a decode step is what saturates)
             times = []
             for _ in range(steps):
-                start = time.perf_counter()
+                start = clock()
                 engine.step()
-                if engine.device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                times.append(time.perf_counter() - start)
+                times.append(clock() - start)
             engine.abort("__calibration__")
-            runs.append(statistics.median(times))
-        curve[batch] = statistics.median(runs)
+            if rep:
+                runs[batch].append(statistics.median(times))
     engine.reset_counters()
-    return curve
+    return {batch: statistics.median(times) for batch, times in runs.items()}
 
 
 def _unique_trace(rng: random.Random, steps: int) -> RewardItem:
@@ -129,26 +143,27 @@ def _unique_trace(rng: random.Random, steps: int) -> RewardItem:
 
 
 def reward_knee(
-    prm: Any, *, repeats: int = 3, step_tokens: Callable[[RewardItem], int] | None = None
+    prm: Any, *, repeats: int = 5, step_tokens: Callable[[RewardItem], int] | None = None
 ) -> tuple[int, float, dict[int, float]]:
-    """``(knee in new-step tokens, that batch's latency in s, {n: median latency})``."""
+    """``(knee in new-step tokens, that batch's latency in s, {n: median latency})``; the
+    batch sizes take turns within each repeat."""
     rng = random.Random(0)
+    clock = _clock(str(prm.device))
     sizes = (1, 2, 4, 8, 16, 32)
     prm.score([_unique_trace(rng, 2) for _ in range(8)])  # warm-up
-    curve: dict[int, float] = {}
+    runs: dict[int, list[float]] = {n: [] for n in sizes}
     tokens: list[int] = []
-    for n in sizes:
-        times = []
-        for _ in range(repeats):
+    for _ in range(repeats):
+        for n in sizes:
             items = [_unique_trace(rng, 2) for _ in range(n)]
             prm.score([RewardItem(i.request_id, i.question, i.steps[:1]) for i in items])
-            start = time.perf_counter()
+            start = clock()
             prm.score(items)
-            times.append(time.perf_counter() - start)
+            runs[n].append(clock() - start)
             if step_tokens is not None:
                 tokens.extend(step_tokens(i) for i in items)
-        curve[n] = statistics.median(times)
     prm.clear_cache()
+    curve = {n: statistics.median(times) for n, times in runs.items()}
     fixed, per_item = fit_line(curve)
     per_item = max(per_item, 1e-9)
     fixed = max(fixed, 0.0)

@@ -14,36 +14,32 @@ fails its own requests only.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-import random
 import time
 from typing import Any
 
 import torch
 
-from spec_tot.errors import ConfigError
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from .block_manager import BlockManager
 from .config import EngineConfig, resolve_device, resolve_dtype
 from .detokenizer import StopChecker
+from .intake import Intake
 from .loader import LoadedModel, build_random_model, load_model_folder
 from .model import KVCache
-from .postprocess import Postprocessor
+from .postprocess import LogitPlan, Postprocessor, plan_logits, record_prompt_logprobs
 from .runner import ModelRunner
-from .sampler import Sampler, token_logprobs
+from .sampler import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import (
-    Member,
     RequestState,
     ScheduledRow,
     Sequence,
     SequenceStatus,
     finish_member,
-    member_seed,
 )
-from .synthetic import PseudoTokenizer, synthetic_step_len
+from .synthetic import PseudoTokenizer
 from .validate import RequestValidator
 
 __all__ = ["LLMEngine"]
@@ -53,27 +49,14 @@ _COUNTERS = (
     "num_prefill_steps",
     "num_decode_steps",
     "num_mixed_steps",
-    "num_requests",
-    "num_merged_requests",
     "num_aborted_requests",
     "num_failed_requests",
-    "num_prompt_tokens",
     "num_computed_prompt_tokens",
     "num_forward_rows",
     "peak_kv_blocks_used",
     "step_seconds",
     "peak_running_seqs",
 )
-
-
-@dataclasses.dataclass(slots=True)
-class _LogitPlan:
-    """Which packed tokens need logits: rows that sample, prompt-logprob positions."""
-
-    tokens: list[int]
-    samples: list[Sequence]  # logits rows 0..len-1
-    prompt: list[tuple[Sequence, int]]  # then one row per (sequence, prompt position j)
-    finish_empty: list[Sequence]  # prompts done with max_tokens == 0: finish, no sample
 
 
 class LLMEngine:
@@ -108,10 +91,8 @@ class LLMEngine:
         self.runner = ModelRunner(loaded.model, cache, self.device, config.attention)
         self.sampler = Sampler(self.eos_ids)
         self.requests: dict[str, RequestState] = {}
-        self._merge_index: dict[tuple[Any, ...], Sequence] = {}
-        self._seed_rng = random.Random(config.seed)
         self._seq_ids = itertools.count(1)
-        self._arrival = 0
+        self.intake = Intake(config, self.validator, self.scheduler, self.requests, self._seq_ids)
         self._failures: list[tuple[str, BaseException]] = []
         self.post = Postprocessor(
             self.tokenizer,
@@ -127,9 +108,8 @@ class LLMEngine:
         )
         # counters (names listed in _COUNTERS; exported by ``stats()``)
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
-        self.num_mixed_steps = self.num_failed_requests = 0
-        self.num_requests = self.num_merged_requests = self.num_aborted_requests = 0
-        self.num_prompt_tokens = self.num_computed_prompt_tokens = 0
+        self.num_mixed_steps = self.num_failed_requests = self.num_aborted_requests = 0
+        self.num_computed_prompt_tokens = 0
         self.num_forward_rows = 0
         self.peak_kv_blocks_used = self.peak_running_seqs = 0
         self.step_seconds = 0.0  # wall time inside step(): scheduling, forward, sampling
@@ -141,74 +121,7 @@ class LLMEngine:
     def add_request(self, request: GenerateRequest, stream: bool = False) -> None:
         """Accept ``request`` (``ConfigError`` naming the field if it cannot run here);
         ``stream``: emit a ``StreamUpdate`` per token (``take_stream_updates``)."""
-        if request.request_id in self.requests:
-            raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
-        ids = self.validator.prompt_ids(request)
-        params = request.sampling
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        state = RequestState(
-            request.request_id,
-            params,
-            tuple(ids),
-            request.priority,
-            [None] * request.n,
-            stream=stream,
-            prompt_logprobs_from=request.prompt_logprobs_from,
-        )
-        members = []
-        for i in range(request.n):
-            gen = None if params.greedy else torch.Generator().manual_seed(member_seed(seed, i))
-            syn = self.config.synthetic
-            target = synthetic_step_len(syn, request.request_id, i) if syn else 0
-            members.append(Member(state, i, gen, target))
-        self.requests[request.request_id] = state
-        self.num_requests += 1
-        self.num_prompt_tokens += len(ids)
-        if not (self.config.enable_dedup and request.dedup):
-            for member in members:
-                self.scheduler.add(self._new_seq(ids, request, [member]))
-            return
-        key = (
-            tuple(ids),
-            dataclasses.replace(params, seed=None),
-            request.priority,
-            request.prompt_logprobs_from,
-        )
-        twin = self._merge_index.get(key)
-        if (
-            twin is not None
-            and twin.status in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
-            and not twin.num_output_tokens
-        ):
-            twin.members.extend(members)  # CD across requests: one physical sequence
-            twin.streaming = twin.streaming or stream
-            self.num_merged_requests += 1
-            return
-        seq = self._new_seq(ids, request, members)
-        live = self.scheduler.num_waiting + len(self.scheduler.running)
-        if len(self._merge_index) > 2 * live + 64:
-            self._merge_index = {
-                k: s
-                for k, s in self._merge_index.items()
-                if s.status in (SequenceStatus.WAITING, SequenceStatus.RUNNING)
-                and not s.num_output_tokens
-            }
-        self._merge_index[key] = seq
-        self.scheduler.add(seq)
-
-    def _new_seq(self, ids: list[int], request: GenerateRequest, members: list[Member]) -> Sequence:
-        self._arrival += 1
-        return Sequence(
-            next(self._seq_ids),
-            list(ids),
-            len(ids),
-            request.sampling,
-            request.priority,
-            self._arrival,
-            members,
-            prompt_logprobs_from=request.prompt_logprobs_from,
-            streaming=any(m.request.stream for m in members),
-        )
+        self.intake.add(request, stream)
 
     def abort(self, prefix: str) -> list[GenerateResult]:
         """Abort requests whose id is ``prefix`` or starts with ``prefix + "/"``; their blocks
@@ -268,46 +181,16 @@ class LLMEngine:
             if row.end // bs > row.seq.num_hashed_blocks:  # a block filled in this step
                 self.block_manager.publish(row.seq, row.end)
         cow = self.block_manager.take_cow_pairs()
-        logit_plan = self._logit_plan(plan)
+        logit_plan = plan_logits(plan)
         try:
             logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
         except Exception:
             plan = self._isolate(plan, cow)
-            logit_plan = self._logit_plan(plan)
+            logit_plan = plan_logits(plan)
             logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
         finished = self._postprocess(plan, logit_plan, logits)
         self.step_seconds += time.perf_counter() - started
         return finished
-
-    def _logit_plan(self, plan: StepPlan) -> _LogitPlan:
-        # A decode row is one token and always samples; its position is past the prompt
-        # (a prompt's last token is its own row only when all before it are computed).
-        num_decode = plan.num_decode
-        tokens = list(range(num_decode))
-        samples = [row.seq for row in plan.rows[:num_decode]]
-        empty = [s for s in samples if s.params.max_tokens == 0 and len(s) == s.num_prompt_tokens]
-        if empty:  # a prompt of max_tokens 0 whose last chunk was one token: no draw
-            tokens = [i for i, s in enumerate(samples) if s not in empty]
-            samples = [s for s in samples if s not in empty]
-        prompt: list[tuple[Sequence, int]] = []
-        prompt_tokens: list[int] = []
-        offset = num_decode
-        for row in plan.rows[num_decode:]:
-            seq = row.seq
-            if row.completes:
-                if seq.num_output_tokens == 0 and seq.params.max_tokens == 0:
-                    empty.append(seq)
-                else:
-                    tokens.append(offset + row.num_tokens - 1)
-                    samples.append(seq)
-            if seq.prompt_logprobs_from is not None:  # logits at j - 1 give j's logprob
-                first = max(1, seq.prompt_logprobs_from, row.start + 1)
-                for j in range(first, min(row.end + 1, seq.num_prompt_tokens)):
-                    if j not in seq.prompt_logprobs:
-                        prompt.append((seq, j))
-                        prompt_tokens.append(offset + j - 1 - row.start)
-            offset += row.num_tokens
-        return _LogitPlan(tokens + prompt_tokens, samples, prompt, empty)
 
     def _isolate(self, plan: StepPlan, cow: list[tuple[int, int]]) -> StepPlan:
         """The step's forward raised: run each row alone; fail the requests of the rows that
@@ -336,7 +219,7 @@ class LLMEngine:
         self.num_aborted_requests -= len(ids)
 
     def _postprocess(
-        self, plan: StepPlan, logit_plan: _LogitPlan, logits: torch.Tensor
+        self, plan: StepPlan, logit_plan: LogitPlan, logits: torch.Tensor
     ) -> list[GenerateResult]:
         bm = self.block_manager
         self.num_steps += 1
@@ -359,7 +242,7 @@ class LLMEngine:
         n = len(logit_plan.samples)
         if logit_plan.prompt:
             try:
-                self._prompt_logprobs(logit_plan.prompt, logits[n:])
+                record_prompt_logprobs(logit_plan.prompt, logits[n:])
             except Exception as exc:  # only the sequences that asked for them fail
                 for seq in {id(s): s for s, _ in logit_plan.prompt}.values():
                     self._fail(seq, exc)
@@ -394,13 +277,6 @@ class LLMEngine:
                     self._fail(seq, exc)
             return out
 
-    def _prompt_logprobs(self, wanted: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
-        entries = token_logprobs(
-            logits, [seq.params for seq, _ in wanted], [[seq.token_ids[j]] for seq, j in wanted]
-        )
-        for (seq, j), entry in zip(wanted, entries, strict=True):
-            seq.prompt_logprobs[j] = entry[seq.token_ids[j]]
-
     # -- counters ---------------------------------------------------------------------------
     @property
     def num_generated_tokens(self) -> int:
@@ -415,6 +291,8 @@ class LLMEngine:
         for name in _COUNTERS:
             setattr(self, name, type(getattr(self, name))(0))
         self.post.num_generated_tokens = self.post.num_forks = 0
+        self.intake.num_requests = self.intake.num_merged_requests = 0
+        self.intake.num_prompt_tokens = 0
         self.block_manager.num_prefix_hit_blocks = self.block_manager.num_cow_copies = 0
         self.scheduler.num_preemptions = 0
 
@@ -422,6 +300,9 @@ class LLMEngine:
         bm = self.block_manager
         out = {name: float(getattr(self, name)) for name in _COUNTERS}
         out.update(
+            num_requests=float(self.intake.num_requests),
+            num_merged_requests=float(self.intake.num_merged_requests),
+            num_prompt_tokens=float(self.intake.num_prompt_tokens),
             num_generated_tokens=float(self.num_generated_tokens),
             num_forks=float(self.num_forks),
             peak_kv_blocks=float(self.peak_kv_blocks_used),

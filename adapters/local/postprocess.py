@@ -10,17 +10,21 @@ requests get a ``StreamUpdate`` per member and token.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from spec_tot.requests import FinishReason, GenerateResult, StreamUpdate, TokenLogprob
 
 from .block_manager import BlockManager
 from .config import SyntheticWorkload
 from .detokenizer import StopChecker, decode_incremental
-from .scheduler import Scheduler
+from .sampler import token_logprobs
+from .scheduler import Scheduler, StepPlan
 from .sequence import Member, RequestState, Sequence, SequenceStatus, finish_member
 
-__all__ = ["Postprocessor"]
+__all__ = ["LogitPlan", "Postprocessor", "plan_logits", "record_prompt_logprobs"]
 
 
 def _without_stop_prefix(text: str, stops: tuple[str, ...]) -> str:
@@ -32,6 +36,57 @@ def _without_stop_prefix(text: str, stops: tuple[str, ...]) -> str:
         if any(s.startswith(tail) for s in stops):
             return text[:-k]
     return text
+
+
+@dataclass(slots=True)
+class LogitPlan:
+    """Which packed tokens need logits: rows that sample, prompt-logprob positions."""
+
+    tokens: list[int]
+    samples: list[Sequence]  # logits rows 0..len-1
+    prompt: list[tuple[Sequence, int]]  # then one row per (sequence, prompt position j)
+    finish_empty: list[Sequence]  # prompts done with max_tokens == 0: finish, no sample
+
+
+def plan_logits(plan: StepPlan) -> LogitPlan:
+    """The logits a step needs. A decode row is one token and samples (its position is past
+    the prompt: a prompt's last token is its own row only once all before it are computed),
+    unless it ends a prompt of ``max_tokens`` 0."""
+    num_decode = plan.num_decode
+    tokens = list(range(num_decode))
+    samples = [row.seq for row in plan.rows[:num_decode]]
+    empty = [s for s in samples if s.params.max_tokens == 0 and len(s) == s.num_prompt_tokens]
+    if empty:
+        tokens = [i for i, s in enumerate(samples) if s not in empty]
+        samples = [s for s in samples if s not in empty]
+    prompt: list[tuple[Sequence, int]] = []
+    prompt_tokens: list[int] = []
+    offset = num_decode
+    for row in plan.rows[num_decode:]:
+        seq = row.seq
+        if row.completes:
+            if seq.num_output_tokens == 0 and seq.params.max_tokens == 0:
+                empty.append(seq)
+            else:
+                tokens.append(offset + row.num_tokens - 1)
+                samples.append(seq)
+        if seq.prompt_logprobs_from is not None:  # logits at j - 1 give j's logprob
+            first = max(1, seq.prompt_logprobs_from, row.start + 1)
+            for j in range(first, min(row.end + 1, seq.num_prompt_tokens)):
+                if j not in seq.prompt_logprobs:
+                    prompt.append((seq, j))
+                    prompt_tokens.append(offset + j - 1 - row.start)
+        offset += row.num_tokens
+    return LogitPlan(tokens + prompt_tokens, samples, prompt, empty)
+
+
+def record_prompt_logprobs(wanted: list[tuple[Sequence, int]], logits: torch.Tensor) -> None:
+    """Prompt position ``j``'s logprob for each ``(sequence, j)``, from its logits row."""
+    entries = token_logprobs(
+        logits, [seq.params for seq, _ in wanted], [[seq.token_ids[j]] for seq, j in wanted]
+    )
+    for (seq, j), entry in zip(wanted, entries, strict=True):
+        seq.prompt_logprobs[j] = entry[seq.token_ids[j]]
 
 
 class Postprocessor:

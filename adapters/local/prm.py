@@ -64,15 +64,19 @@ def _single_token(tokenizer: Any, token: str, field: str) -> int:
 
 
 class PrmScorer:
-    """Not thread-safe: one thread scores at a time (``LocalBackend`` keeps one for it)."""
+    """Not thread-safe: one thread scores at a time (``LocalBackend`` keeps one for it).
+
+    The KV pool holds ``num_kv_blocks * block_size`` tokens (16k by default); small blocks,
+    because a prefix is reused in whole blocks and a step is a few dozen tokens.
+    """
 
     def __init__(
         self,
         path: str | Path,
         device: str,
         dtype: torch.dtype,
-        num_kv_blocks: int = 1024,
-        block_size: int = 16,
+        num_kv_blocks: int = 4096,
+        block_size: int = 4,
         max_batch_tokens: int = 4096,
     ) -> None:
         folder = Path(path)

@@ -19,6 +19,12 @@ from .sequence import ScheduledRow
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
 ATTENTION_MODES = ("auto", "sparse", "gather")
+# Prompt chunks of at most this many tokens join the decode rows on the sparse path.
+SPARSE_CHUNK_TOKENS = 32
+# A ragged pattern (no padding entries) when padding would be more than 15% of the work and
+# more entries than its few extra ops per layer cost.
+RAGGED_BELOW = 0.85
+RAGGED_MIN_WASTE = 8192
 
 
 class ModelRunner:
@@ -74,20 +80,45 @@ class ModelRunner:
     def _sparse_meta(
         self, rows: Seq[ScheduledRow]
     ) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
-        """Meta of the decode rows, their write slots and positions."""
-        n, heads = len(rows), self._heads
-        lengths = [row.end for row in rows]
-        width = max(lengths)
+        """Meta of rows whose tokens attend through the sparse path (one pattern row per
+        token and head: a token at position p sees slots 0..p), their write slots and
+        positions."""
+        heads = self._heads
+        width = max(row.end for row in rows)
         index = self._gather_index(rows, width)
-        positions = self._tensor(lengths) - 1
+        if all(row.num_tokens == 1 for row in rows):
+            positions = self._tensor([row.start for row in rows])
+        else:  # short prompt chunks: each token a row of its own
+            counts = self._tensor([row.num_tokens for row in rows])
+            row_of = torch.repeat_interleave(self._arange[: len(rows)], counts)
+            first = torch.cumsum(counts, 0) - counts
+            starts = self._tensor([row.start for row in rows])
+            positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
+            positions -= first[row_of]
+            index = index[row_of]
+        n = positions.numel()
         slots = index.gather(1, positions[:, None]).squeeze(1)
         cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).view(-1)
+        allowed = self._arange[:width][None, :] <= positions[:, None]
+        flat = mask = None
+        # entries a ragged pattern holds (per head): sum of p + 1 over every token
+        used = sum(r.num_tokens * r.start + r.num_tokens * (r.num_tokens + 1) // 2 for r in rows)
+        waste = n * width - used
+        if waste > (1 - RAGGED_BELOW) * n * width and waste * heads > RAGGED_MIN_WASTE:
+            lengths = (positions + 1).repeat_interleave(heads)
+            crow = torch.zeros(n * heads + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(lengths, 0, out=crow[1:])
+            keep = allowed[:, None, :].expand(n, heads, width).reshape(-1)
+            flat = keep.nonzero().squeeze(1)
+            cols = cols.index_select(0, flat)
+        else:
+            if self._arange_long.numel() <= n * heads:
+                self._arange_long = torch.arange(2 * n * heads + 1, device=self.device)
+            crow = self._arange_long[: n * heads + 1] * width
+            mask = torch.where(allowed, 0.0, float("-inf")).to(self._dtype)[:, None, :]
         nnz = cols.numel()
         if self._zeros.numel() < nnz:
             self._zeros = torch.zeros(2 * nnz, dtype=self._dtype, device=self.device)
-        if self._arange_long.numel() <= n * heads:
-            self._arange_long = torch.arange(2 * n * heads + 1, device=self.device)
-        crow = self._arange_long[: n * heads + 1] * width
         pattern = torch.sparse_csr_tensor(
             crow,
             cols,
@@ -95,9 +126,7 @@ class ModelRunner:
             size=(n * heads, self._pool_rows),
             check_invariants=False,
         )
-        allowed = self._arange[:width][None, :] <= positions[:, None]
-        mask = torch.where(allowed, 0.0, float("-inf")).to(self._dtype)[:, None, :]
-        return SparseMeta(pattern, crow, cols, mask, width, n), slots, positions
+        return SparseMeta(pattern, crow, cols, mask, width, n, flat), slots, positions
 
     def _dense_meta(
         self, rows: Seq[ScheduledRow], first_token: int
@@ -132,9 +161,40 @@ class ModelRunner:
             meta.out_index = flat[valid]
         return meta, slots, positions
 
-    def prepare(self, rows: Seq[ScheduledRow], num_decode: int) -> StepInputs:
+    def _split(
+        self, rows: Seq[ScheduledRow], num_decode: int
+    ) -> tuple[list[ScheduledRow], list[ScheduledRow]]:
+        """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
+        chunk of a few tokens costs less there than a gather and SDPA of its own) and the
+        rest (prompts alone run faster through SDPA)."""
+        if self.attention != "sparse" or not num_decode:
+            return [], list(rows)
+        small = [r for r in rows[num_decode:] if r.num_tokens <= SPARSE_CHUNK_TOKENS]
+        if len(small) == len(rows) - num_decode:
+            return list(rows), []
+        return [*rows[:num_decode], *small], [
+            r for r in rows[num_decode:] if r.num_tokens > SPARSE_CHUNK_TOKENS
+        ]
+
+    def prepare(
+        self, rows: Seq[ScheduledRow], num_decode: int
+    ) -> tuple[StepInputs, torch.Tensor | None]:
+        """The step's inputs, and (when the rows had to be reordered: sparse tokens first)
+        where each token of the plan's packed order went."""
+        sparse_rows, dense_rows = self._split(rows, num_decode)
+        ordered = [*sparse_rows, *dense_rows]
+        perm = None
+        if any(a is not b for a, b in zip(ordered, rows, strict=True)):
+            where = {id(r): i for i, r in enumerate(ordered)}
+            offsets, total = [], 0
+            for row in ordered:
+                offsets.append(total)
+                total += row.num_tokens
+            perm = self._tensor(
+                [offsets[where[id(r)]] + k for r in rows for k in range(r.num_tokens)]
+            )
         ids: list[int] = []
-        for row in rows:
+        for row in ordered:
             if row.num_tokens == 1:
                 ids.append(row.seq.token_ids[row.start])
             else:
@@ -142,25 +202,24 @@ class ModelRunner:
         slot_parts, pos_parts = [], []
         sparse = None
         dense: list[DenseMeta] = []
-        decode = rows[:num_decode]
-        if decode and self.attention == "sparse":
-            sparse, slots, pos = self._sparse_meta(decode)
+        if sparse_rows:
+            sparse, slots, pos = self._sparse_meta(sparse_rows)
             slot_parts.append(slots)
             pos_parts.append(pos)
-        elif decode:
-            meta, slots, pos = self._dense_meta(decode, 0)
-            dense.append(meta)
-            slot_parts.append(slots)
-            pos_parts.append(pos)
-        if len(rows) > num_decode:
-            meta, slots, pos = self._dense_meta(rows[num_decode:], len(decode))
-            dense.append(meta)
-            slot_parts.append(slots)
-            pos_parts.append(pos)
+        decode = dense_rows[:num_decode] if not sparse_rows else []
+        groups = [decode, dense_rows[len(decode) :]]
+        first = sparse.num_rows if sparse is not None else 0
+        for group in groups:
+            if group:
+                meta, slots, pos = self._dense_meta(group, first)
+                dense.append(meta)
+                slot_parts.append(slots)
+                pos_parts.append(pos)
+                first += meta.num_tokens
         slots_t = slot_parts[0] if len(slot_parts) == 1 else torch.cat(slot_parts)
         positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
         cos, sin = self.model.rope(positions)
-        return StepInputs(self._tensor(ids), slots_t, cos, sin, sparse, tuple(dense))
+        return StepInputs(self._tensor(ids), slots_t, cos, sin, sparse, tuple(dense)), perm
 
     @torch.inference_mode()
     def run(
@@ -173,7 +232,11 @@ class ModelRunner:
         """Copy-on-write copies first, then the forward; returns ``[len(logit_tokens),
         vocab]`` float32 logits of the given packed token indices."""
         self.cache.copy_blocks(cow)
-        hidden = self.model(self.prepare(rows, num_decode), self.cache)
+        step, perm = self.prepare(rows, num_decode)
+        hidden = self.model(step, self.cache)
+        if perm is not None:
+            hidden = hidden.index_select(0, perm[self._tensor(logit_tokens)])
+            return self.model.logits(hidden)
         every = len(logit_tokens) == hidden.shape[0] and all(
             t == i for i, t in enumerate(logit_tokens)
         )

@@ -93,6 +93,11 @@ class CompiledGraph:
     def kind(self, name: str) -> NodeKind:
         return self.nodes[name].kind
 
+    async def walk_functions(self, position: str, state: State) -> tuple[str | None, State] | None:
+        """Like ``walk_to_thought`` but through function nodes only: None when a tool or a
+        reward stands in the way (a provisional walk must have no side effect)."""
+        return await self._walk(position, state, None)
+
     async def walk_to_thought(
         self,
         position: str,
@@ -102,16 +107,25 @@ class CompiledGraph:
         """Run function and tool nodes from ``position`` until a thought node (returned) or
         END (None). ``before_tool`` is awaited before each tool: speculative branches wait
         there until committed."""
+        walk = await self._walk(position, state, before_tool)
+        assert walk is not None  # only a walk without tools stops early
+        return walk
+
+    async def _walk(
+        self, position: str, state: State, before_tool: Callable[[GraphNode], Any] | None
+    ) -> tuple[str | None, State] | None:
         steps = 0
         while position != END:
             steps = self.check_steps(position, steps)
             node = self.nodes[position]
             if node.kind is NodeKind.THOUGHT:
                 return position, state
+            if node.kind is not NodeKind.FUNCTION and before_tool is None:
+                return None
             if node.kind is NodeKind.REWARD:
                 # Validation forbids this shape; a router returning a reward node gets here.
                 raise ExecutionError(f"reward node {position!r} reached without a new thought")
-            if node.kind is NodeKind.TOOL:
+            if node.kind is NodeKind.TOOL and before_tool is not None:
                 await maybe_await(before_tool(node))
             assert node.fn is not None  # set for every function and tool node by the builder
             state = apply_update(state, await maybe_await(node.fn(state)), position)

@@ -20,7 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, adispatch_custom_event
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import patch_config
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    patch_config,
+)
 
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError
@@ -30,8 +34,16 @@ from spec_tot.tree import Node, SearchTree
 
 if TYPE_CHECKING:
     from spec_tot.app import ToTApp
+    from spec_tot.results import ToTResult
 
-__all__ = ["CONFIGURABLE_KEY", "DepthBound", "EventPump", "configured_app", "event_payload"]
+__all__ = [
+    "CONFIGURABLE_KEY",
+    "DepthBound",
+    "EventPump",
+    "arun_configured",
+    "configured_app",
+    "event_payload",
+]
 
 CONFIGURABLE_KEY = "spec_tot"
 _EXECUTOR_FIELDS = frozenset(f.name for f in fields(ExecutorConfig) if f.init)
@@ -157,3 +169,43 @@ class EventPump:
             )
             if callable(writer):
                 writer({"event": event.kind, **payload})
+
+
+async def arun_configured(
+    app: ToTApp, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
+) -> list[ToTResult]:
+    """One batch run over ``inputs`` (shared batching), one chain run per input, events
+    routed to their query's run. The first config's executor settings apply to the whole
+    batch. The query ids are reserved up front (events need them) and released at the end."""
+    from spec_tot.executor.hub import hub_for
+
+    configured = configured_app(app, configs[0] if configs else None)
+    queries = app._prepare([configured.input_to_state(value) for value in inputs])
+    try:
+        pump, runs = EventPump(), []
+        for value, query, raw in zip(inputs, queries, configs, strict=True):
+            cfg = ensure_config(raw)
+            manager = get_async_callback_manager_for_config(cfg)
+            run = await manager.on_chain_start(
+                None,
+                value,
+                name=cfg.get("run_name") or app.get_name(),
+                run_id=cfg.pop("run_id", None),
+            )
+            pump.bind(query.query_id, run, cfg)
+            runs.append(run)
+        limit = next((c.get("max_concurrency") for c in configs if c), None)
+        pump.start()
+        try:
+            batch = await configured._run(queries, limit, None, pump)
+        except BaseException as exc:
+            await pump.stop()
+            for run in runs:
+                await run.on_chain_error(exc)
+            raise
+        await pump.stop()
+        for run, result in zip(runs, batch.results, strict=True):
+            await run.on_chain_end(result)
+        return batch.results
+    finally:
+        hub_for(app.backend).release(q.query_id for q in queries)

@@ -3,6 +3,8 @@
 - ``controller``: one ``QueryController`` per query (commit, adopt, speculate, prune);
 - ``branch``: the ``BranchRunner`` of a query (segments, generation, tools);
 - ``budget``: the SPEX T2 ``SpeculationBudget``;
+- ``hub``: ``hub_for(backend)``, what every app, batch and call on one backend shares (its
+  budget, its reward router per event loop, the query ids running on it);
 - ``rewards`` and ``batching``: the ``RewardRouter`` and its batch rules (round, eager, lazy);
 - ``pruning``: SpecScale's EP threshold and SPEX T3 early termination;
 - ``seeds``: the seed rule (query seed from the user's id or the input, request seeds below).
@@ -13,10 +15,13 @@ from __future__ import annotations
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, QueryOutcome, record_for
-from spec_tot.executor.rewards import RewardRouter, calibrated_lv, call_scorer
+from spec_tot.executor.hub import BackendHub, hub_for
+from spec_tot.executor.rewards import RewardRouter, calibrated_lv
+from spec_tot.executor.scores import call_scorer, check_score
 from spec_tot.executor.seeds import query_seed, request_seed, seed_key
 
 __all__ = [
+    "BackendHub",
     "QueryContext",
     "QueryController",
     "QueryOutcome",
@@ -24,6 +29,8 @@ __all__ = [
     "SpeculationBudget",
     "calibrated_lv",
     "call_scorer",
+    "check_score",
+    "hub_for",
     "query_seed",
     "record_for",
     "request_seed",

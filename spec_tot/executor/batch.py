@@ -1,5 +1,6 @@
 """Running a batch of queries on one backend: each query gets its controller, the batch its
-metrics, and every query the run-wide services (reward router, speculation budget).
+metrics, and every query the backend's shared reward router and speculation budget (its
+``BackendHub``: one per backend, whatever the app, batch or call).
 
 Seeds follow ``spec_tot.executor.seeds``.
 """
@@ -20,6 +21,7 @@ from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, record_for
+from spec_tot.executor.hub import QueryInput, hub_for
 from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import query_seed
 from spec_tot.metrics import MetricsRecorder
@@ -28,7 +30,7 @@ from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult
 from spec_tot.tree import SearchTree
 
-__all__ = ["Program", "QueryInput", "run_queries"]
+__all__ = ["Program", "run_queries"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +46,7 @@ class Program:
     check: Callable[[State, str | None], bool] | None
 
 
-@dataclass(frozen=True, slots=True)
-class QueryInput:
-    state: State  # holds "query_id" and "question"
-    seed_key: str
-
-    @property
-    def query_id(self) -> str:
-        return str(self.state["query_id"])
-
-
-def _batch_rule(program: Program, recorder: MetricsRecorder) -> BatchRule:
+def _batch_rule(program: Program, budget: SpeculationBudget) -> BatchRule:
     config = program.config
     spec = config.speculation
     if spec.round_rewards:
@@ -66,10 +58,10 @@ def _batch_rule(program: Program, recorder: MetricsRecorder) -> BatchRule:
     capacity = caps.saturation_batch
     busy = None
     if spec.adaptive:
-        busy = lambda: recorder.committed_inflight >= capacity  # noqa: E731
+        busy = lambda: budget.committed >= capacity  # noqa: E731
     # Loaded: committed work fills half the engine's saturation batch. LV's time rules then
     # rest (an early score only steers speculation, worth little then).
-    saturated = lambda: 2 * recorder.committed_inflight >= capacity  # noqa: E731
+    saturated = lambda: 2 * budget.committed >= capacity  # noqa: E731
     return LazyRule(lv, busy, saturated)
 
 
@@ -86,11 +78,9 @@ async def run_queries(
     never stops the others. ``release(query_id)`` is called as each one ends."""
     config = program.config
     recorder = MetricsRecorder(goodput_deadline_s=config.goodput_deadline_s)
-    rule = _batch_rule(program, recorder)
-    spec = config.speculation
-    capacity = program.backend.capabilities.saturation_batch
-    budget = SpeculationBudget(capacity, spec.tau) if spec.budget else None
-    router = RewardRouter()
+    hub = hub_for(program.backend)
+    budget, router = hub.budget, hub.router()
+    rule = _batch_rule(program, budget)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def one(query: QueryInput) -> ToTResult:
@@ -122,7 +112,7 @@ async def _run_one(
     recorder: MetricsRecorder,
     router: RewardRouter,
     rule: BatchRule,
-    budget: SpeculationBudget | None,
+    budget: SpeculationBudget,
     *,
     on_event: EventSink | None,
 ) -> ToTResult:
@@ -146,7 +136,7 @@ async def _run_one(
             budget=budget,
             on_event=on_event,
         )
-        router.open_query(query_id, rule, recorder, program.reward)
+        router.open_query(query_id, rule, recorder, program.reward, config.query_timeout_s)
         async with asyncio.timeout(config.query_timeout_s):
             outcome = await QueryController(ctx).run()
         answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated

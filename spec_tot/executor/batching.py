@@ -39,10 +39,10 @@ class Pending:
     tokens: int
     future: asyncio.Future[tuple[float, ...]]
     since: float = 0.0  # when it started waiting
-    counted: bool = False  # counts in its query's committed group
     queued: bool = True  # still waiting in a queue (not yet in a batch being scored)
     deferrals: int = 0
     key: Hashable = ""  # the queue it waits in
+    node_name: str = ""  # the reward node (errors name it)
 
 
 @dataclass(slots=True)
@@ -68,6 +68,9 @@ class BatchRule(ABC):
 
     def on_timer(self, router: RewardRouter, key: Hashable) -> None:  # noqa: B027 - optional
         """A timer set by the rule fired."""
+
+    def on_batch_done(self, router: RewardRouter, key: Hashable) -> None:  # noqa: B027
+        """A batch of the queue ``key`` was scored (the reward model is free again)."""
 
 
 class RoundRule(BatchRule):
@@ -96,13 +99,25 @@ class EagerRule(BatchRule):
 
 
 class LazyRule(BatchRule):
-    """SpecScale LV, one queue per LV setting across queries.
+    """SpecScale LV, one queue per LV setting across queries: a batching rule, never a
+    delay on the critical path.
+
+    - A committed item never waits while the reward model is idle (no batch of this queue
+      in flight, and the engine, whose device a reward model often shares, not loaded): it
+      goes at once, with whatever waits beside it. While a batch runs, items gather; when
+      it ends the next one goes.
+    - Otherwise (a batch is running, or only speculative items wait) the queue is scored
+      when its pending tokens reach ``token_threshold`` (speculative items count), a
+      query's committed sibling group is complete, an item was passed over
+      ``max_deferrals`` times, the oldest item waited ``max_wait_s``, or ``spec_flush``
+      speculative items wait.
+    - Speculative items ride in the same batches as committed ones (so a speculative step
+      is usually scored before its branch is adopted), unless ``defer_speculative``.
 
     ``busy`` (adaptive LV): while it is False the engine has idle capacity and lazy
     verification would only delay scores, so pending items are scored at once.
     ``saturated`` (committed load fills the engine): an early score would only steer or
-    prune speculation, worth little then, so the deferral and wall-clock rules rest and
-    batches form by sibling groups and the token threshold alone."""
+    prune speculation, worth little then, so the deferral and wall-clock rules rest."""
 
     def __init__(
         self,
@@ -120,21 +135,28 @@ class LazyRule(BatchRule):
     def check(self, router: RewardRouter, key: Hashable, query_id: str) -> None:
         router.schedule_tick(key)
 
+    def on_batch_done(self, router: RewardRouter, key: Hashable) -> None:
+        router.schedule_tick(key)
+
     def on_tick(self, router: RewardRouter, key: Hashable) -> None:
-        if self.busy is not None and not self.busy():
-            router.flush(key)  # adaptive LV with an idle engine: nothing to batch for
-            return
         queue = router.queue(key)
         if queue is None or not queue.items:
             return
         lv = self.lv
-        loop = asyncio.get_running_loop()
         items = queue.items
+        patient = self.saturated is not None and self.saturated()
+        # The reward model is idle when no batch of its own runs and the engine it may
+        # share is not loaded either: then batching would only delay the critical path.
+        idle = router.batches_in_flight(key) == 0 and not patient
+        committed = any(not p.speculative for p in items)
+        if (self.busy is not None and not self.busy()) or (idle and committed and lv.idle_flush):
+            router.flush(key, lambda batch: select_lazy(batch, lv, False))
+            return
+        loop = asyncio.get_running_loop()
         # With deferred speculation only committed items start the clock and the counters:
         # a speculative item alone is never urgent.
         timed = [p for p in items if not p.speculative] if lv.defer_speculative else items
         backlog = sum(p.speculative for p in items) >= lv.spec_flush
-        patient = self.saturated is not None and self.saturated()
         reasons = (
             sum(p.tokens for p in timed) >= lv.token_threshold,
             any(router.group_complete(q) for q in {p.query_id for p in items}),

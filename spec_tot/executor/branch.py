@@ -1,80 +1,91 @@
-"""The branch runner: one asyncio task per tree node runs its *segment* (generate the
-thought, walk function and tool nodes to the reward, score it, walk on to the next thought
-or END), aborts what must stop, and keeps tools off speculative branches.
+"""The branch runner of one query: one asyncio task per node runs (or runs again) its
+segment (``spec_tot.executor.segment``); it cancels, detaches and restarts branches as walks
+change, keeps speculative branches within their T2 slots, and tells the controller what
+happened.
 
-A committed branch is always reported to the controller (scored or cancelled); a speculative
-one only tells the controller that it finished, so that another prediction may fill its
-slot.
+A committed branch is always reported (SCORED or CANCELLED) exactly once. When a node's walk
+changes (a provisional walk, then the real one), its children derive again: a running child
+notices after its current wait, a finished one is restarted (its memo makes that cheap). A
+node whose walk ends (terminal) or is lost (it failed) has its speculative children detached:
+taken out of the tree so that their ids are free for the children a later expansion creates.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
+from typing import Any
 
-from spec_tot._private.compiled import apply_update, maybe_await
-from spec_tot.errors import ExecutionError
 from spec_tot.executor.context import QueryContext
-from spec_tot.nodes import END, GraphNode, NodeKind, State
-from spec_tot.requests import FinishReason, GenerateRequest, Priority
-from spec_tot.tree import Node, NodeStatus, aggregate_scores
+from spec_tot.executor.segment import Cancelled, Memo, Replay, Segment
+from spec_tot.nodes import State
+from spec_tot.tree import Node, NodeStatus
 
 __all__ = ["BranchRunner"]
 
 
 class BranchRunner:
     def __init__(
-        self,
-        ctx: QueryContext,
-        report: Callable[[Node], None],
-        slot_freed: Callable[[], None],
+        self, ctx: QueryContext, report: Callable[[Node], None], changed: Callable[[], None]
     ) -> None:
-        """``report(node)``: a committed branch is done; ``slot_freed()``: a speculative
-        branch stopped using the engine (a new prediction may fill its place)."""
+        """``report(node)``: a committed branch is done; ``changed()``: a walk changed or a
+        speculative branch stopped using the engine (a new prediction may fit)."""
         self.ctx = ctx
         self._report = report
-        self._slot_freed = slot_freed
+        self._changed = changed
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._committed_events: dict[str, asyncio.Event] = {}
-        self._settled: set[str] = set()  # branches whose bookkeeping is done
-        self._generating: set[str] = set()  # nodes whose request is on the backend now
-        self._aborts: set[asyncio.Task[int]] = set()
-        self.speculative_errors: dict[str, str] = {}  # reported only if adopted
-        # Speculative branches holding a T2 slot: only while they generate, not while they
-        # wait for a (lazily deferred) reward or at a tool for commit.
-        self._slot_holders: set[str] = set()
+        self._retiring: dict[str, asyncio.Task[None]] = {}  # detached nodes' last tasks
+        self._memo: dict[Node, Memo] = {}
+        self._killed: set[Node] = set()  # cancelled by the controller: never restarted
+        self.failed: dict[Node, str] = {}  # the last failure of each node
+        self._final: dict[str, asyncio.Event] = {}
+        self._committed: dict[str, asyncio.Event] = {}
+        self.generating: set[str] = set()  # nodes whose request is on the backend now
+        self._slots: set[Node] = set()  # speculative nodes holding a T2 slot
+        self._aborts: dict[asyncio.Task[int], str] = {}  # abort calls in flight -> prefix
 
-    def running(self, node_id: str) -> bool:
-        task = self.tasks.get(node_id)
-        return task is not None and not task.done()
+    # -- queries from the controller ------------------------------------------------------------
+    def running(self, node: Node) -> bool:
+        """A run of ``node`` exists whose end is not processed yet (it will report)."""
+        return node.id in self.tasks
 
-    def speculative_running(self) -> int:
-        tree = self.ctx.tree
-        return sum(1 for c in self.tasks if tree[c].speculative)
+    def killed(self, node: Node) -> bool:
+        return node in self._killed
+
+    def speculative_generating(self) -> int:
+        return len(self._slots)
 
     # -- starting, committing and cancelling --------------------------------------------------
     def start(self, child: Node, parent: Node) -> None:
         ctx = self.ctx
-        assert parent.resume_at is not None  # checked by the policy contract and the caller
         if child.speculative:
             ctx.recorder.speculative_nodes += 1
-            if ctx.budget is not None:
-                ctx.budget.started(ctx.query_id)
-                self._slot_holders.add(child.id)
+            self.hold_slot(child)  # reserved now: grants in this tick count it
         else:
             child.status = NodeStatus.RUNNING
         ctx.emit("expanded", child, parent=parent.id, depth=child.depth)
-        ctx.rewards.segment_started(ctx.query_id, speculative=child.speculative)
-        task = asyncio.create_task(
-            self._segment(child, parent.resume_at, parent.state), name=child.id
-        )
-        self.tasks[child.id] = task
-        task.add_done_callback(self._forget_task)
+        self._launch(child)
 
-    def committed(self, child: Node) -> None:
-        """``child`` was adopted: a branch parked before a tool may go on."""
-        event = self._committed_events.pop(child.id, None)
+    def restart(self, node: Node) -> None:
+        """Derive ``node`` again (its parent's walk changed, or it was adopted stale)."""
+        if node.status is NodeStatus.CANCELLED:
+            node.status = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
+        self.failed.pop(node, None)
+        self._launch(node)
+
+    def _launch(self, node: Node) -> None:
+        if not node.speculative:
+            self.ctx.rewards.expect(self.ctx.query_id, node.id)
+        before = self._retiring.pop(node.id, None)
+        task = asyncio.create_task(self._run(node, before), name=node.id)
+        self.tasks[node.id] = task
+        task.add_done_callback(lambda t: self._done(node, t))
+
+    def adopted(self, node: Node) -> None:
+        """``node`` was adopted: it counts for its round, and may pass non-pure tools."""
+        if self.running(node) and node.reward is None:
+            self.ctx.rewards.expect(self.ctx.query_id, node.id)
+        event = self._committed.pop(node.id, None)
         if event is not None:
             event.set()
 
@@ -84,167 +95,145 @@ class BranchRunner:
         at once; a branch waiting elsewhere (reward queue, tool) is cancelled outright."""
         aborting = False
         for sub in node.subtree():
-            if sub.status is not NodeStatus.CANCELLED and sub.speculative:
-                sub.status = NodeStatus.CANCELLED
-                self.ctx.emit("cancelled", sub)
+            if sub.speculative:
+                self._killed.add(sub)
+                if sub.status is not NodeStatus.CANCELLED:
+                    sub.status = NodeStatus.CANCELLED
+                    self.ctx.emit("cancelled", sub)
             task = self.tasks.get(sub.id)
-            if sub.id in self._generating:
+            if sub.id in self.generating:
                 aborting = True
             elif task is not None:
                 task.cancel()
         if aborting:
             abort = asyncio.get_running_loop().create_task(self.ctx.backend.abort(node.id))
-            self._aborts.add(abort)
-            abort.add_done_callback(self._aborts.discard)
+            self._aborts[abort] = node.id
+            abort.add_done_callback(lambda t: self._aborts.pop(t, None))
 
-    def _forget_task(self, task: asyncio.Task[None]) -> None:
-        node_id = task.get_name()
-        self.tasks.pop(node_id, None)
-        if node_id not in self._settled:  # cancelled before its first step
-            child = self.ctx.tree[node_id]
-            if not child.status.final:
-                child.status = NodeStatus.CANCELLED
-            self._settle(child, reached_reward=False)
+    def _detach_children(self, node: Node) -> None:
+        """``node``'s walk ended or was lost: its speculative children go, ids freed."""
+        if not node.children:
+            return
+        for child in list(node.children):
+            self.cancel(child)
+        for sub in self.ctx.tree.detach_children(node):
+            task = self.tasks.pop(sub.id, None)
+            if task is not None and not task.done():
+                self._retiring[sub.id] = task  # a new node with this id waits for it
+            self._memo.pop(sub, None)
+            self.failed.pop(sub, None)
+            self._final.pop(sub.id, None)
+            self._committed.pop(sub.id, None)
 
-    # -- one branch ---------------------------------------------------------------------------
-    async def _segment(self, child: Node, thought: str, state: State) -> None:
-        """Generate ``child`` at ``thought``, walk to its reward, score it, walk on to the next
-        thought or END. A committed child is always reported, scored or cancelled."""
-        ctx, graph = self.ctx, self.ctx.graph
-        reached_reward = False
-        try:
-            position, first, steps = thought, True, 0
-            while graph.kind(position) is not NodeKind.REWARD:
-                steps = graph.check_steps(position, steps)
-                node = graph.nodes[position]
-                if node.kind is NodeKind.THOUGHT:
-                    text = await self._generate(child, node, state, first=first)
-                    if text is None:
-                        return
-                    first = False
-                    assert node.parse is not None  # thought nodes always have a parser
-                    state = apply_update(state, node.parse(state, text), position)
-                else:
-                    if node.kind is NodeKind.TOOL:
-                        await self._before_tool(child, node)
-                    assert node.fn is not None
-                    state = apply_update(state, await maybe_await(node.fn(state)), position)
-                position = graph.next(position, state)
-                if position == END:
-                    raise ExecutionError(f"branch reached END from {thought!r} without a reward")
-            reached_reward = True  # from here the reward router accounts for this branch
-            self._release_slot(child)
-            step_scores = await ctx.rewards.score(
-                ctx.query_id,
-                child.id,
-                graph.nodes[position],
-                state,
-                speculative=child.speculative,
-            )
-            child.step_scores = step_scores
-            child.reward = aggregate_scores(step_scores, ctx.policy.aggregation)
-            state = {**state, "reward": child.reward, "step_scores": step_scores}
-            resume, state = await graph.walk_to_thought(
-                graph.next(position, state),
-                state,
-                lambda tool: self._before_tool(child, tool),
-            )
-            child.state, child.resume_at, child.terminal = state, resume, resume is None
-            if child.terminal:
-                child.answer = ctx.answer_fn(state)
+    # -- events and slots ---------------------------------------------------------------------
+    def final_event(self, node: Node) -> asyncio.Event:
+        event = self._final.setdefault(node.id, asyncio.Event())
+        if node.final:
+            event.set()
+        return event
+
+    def committed_event(self, node: Node) -> asyncio.Event:
+        return self._committed.setdefault(node.id, asyncio.Event())
+
+    def hold_slot(self, node: Node) -> None:
+        if node not in self._slots:
+            self._slots.add(node)
+            self.ctx.budget.started(self.ctx.query_id)
+
+    def release_slot(self, node: Node, *, notify: bool = True) -> None:
+        if node in self._slots:
+            self._slots.discard(node)
+            self.ctx.budget.finished(self.ctx.query_id)
+            if notify:
+                self._changed()
+
+    # -- walks --------------------------------------------------------------------------------
+    def set_walk(self, node: Node, resume: str | None, state: State, *, provisional: bool) -> None:
+        """``node`` walked past its reward edge (with its real reward, or ahead with a
+        provisional one): record it; its children derive again; a final walk opens the
+        tool barriers of the branches below it."""
+        ctx = self.ctx
+        node.state, node.resume_at, node.terminal = state, resume, resume is None
+        node.answer = ctx.answer_fn(state) if node.terminal else None
+        node.walk_version += 1
+        parent = node.parent
+        node.final = (
+            not provisional
+            and node.reward is not None
+            and (parent is None or (node.current and parent.final))
+        )
+        if not provisional:
             ctx.emit(
                 "scored",
-                child,
-                text=child.text,
-                reward=child.reward,
-                terminal=child.terminal,
-                answer=child.answer,
+                node,
+                text=node.text,
+                reward=node.reward,
+                terminal=node.terminal,
+                answer=node.answer,
             )
-            if not child.speculative:
-                child.status = NodeStatus.SCORED
+        if node.terminal:
+            self._detach_children(node)
+        for child in list(node.children):
+            if child not in self._killed and not self.running(child):
+                self.restart(child)
+        if node.final:
+            self.final_event(node).set()
+        self._changed()
+
+    # -- one run ------------------------------------------------------------------------------
+    async def _run(self, node: Node, before: asyncio.Task[None] | None) -> None:
+        ctx = self.ctx
+        # A detached node of the same id may still be ending, or its abort on its way: a
+        # request with this id must not start before both are done.
+        waits: set[asyncio.Future[Any]] = {
+            t for t, prefix in self._aborts.items() if _covers(prefix, node.id)
+        }
+        if before is not None:
+            waits.add(before)
+        if waits:
+            await asyncio.wait(waits)
+        memo = self._memo.setdefault(node, Memo())
+        try:
+            while True:
+                try:
+                    await Segment(self, node, memo).derive()
+                    break
+                except Replay:
+                    continue
+            if not node.speculative:
+                node.status = NodeStatus.SCORED
+        except Cancelled:
+            node.status = NodeStatus.CANCELLED
         except asyncio.CancelledError:
-            child.status = NodeStatus.CANCELLED
+            node.status = NodeStatus.CANCELLED
             raise
         except Exception as exc:  # one branch's failure must not end the query
-            child.status = NodeStatus.CANCELLED
-            message = f"{child.id}: {type(exc).__name__}: {exc}"
-            if child.speculative:
-                self.speculative_errors[child.id] = message
-            else:
-                ctx.errors.append(message)
-        finally:
-            self._settle(child, reached_reward=reached_reward)
+            node.status = NodeStatus.CANCELLED
+            self.failed[node] = f"{node.id}: {type(exc).__name__}: {exc}"
+            if not node.speculative:
+                ctx.errors.append(self.failed[node])
+            self._detach_children(node)
 
-    def _settle(self, child: Node, *, reached_reward: bool) -> None:
-        """A branch's bookkeeping, exactly once: from its own ``finally``, or from its
-        done-callback when it was cancelled before it ever ran."""
-        if child.id in self._settled:
+    def _done(self, node: Node, task: asyncio.Task[None]) -> None:
+        """A run's bookkeeping, once, whether it ended or was cancelled before it began."""
+        if self.tasks.get(node.id) is task:
+            del self.tasks[node.id]
+        if task.cancelled() and not node.status.final:
+            node.status = NodeStatus.CANCELLED
+        self.release_slot(node, notify=False)
+        self.ctx.rewards.release(self.ctx.query_id, node.id)
+        if node.parent is not None and node not in node.parent.children:
+            return  # detached: nobody waits for it
+        if not node.current and node not in self._killed and not self.ctx.closed:
+            self.restart(node)  # its parent's walk changed as it ended: derive again
             return
-        self._settled.add(child.id)
-        ctx = self.ctx
-        if not reached_reward:
-            ctx.rewards.segment_ended_unscored(ctx.query_id, speculative=child.speculative)
-        self._release_slot(child, notify=False)
-        if not child.speculative:
-            self._report(child)
-        elif child.status is not NodeStatus.CANCELLED:
-            self._slot_freed()  # a finished speculative node: keep the engine busy
-
-    def _release_slot(self, child: Node, *, notify: bool = True) -> None:
-        """A speculative branch stops using the engine: its T2 slot goes back, and (unless
-        the caller does it) a new prediction may fill it."""
-        budget = self.ctx.budget
-        if child.id not in self._slot_holders or budget is None:
-            return
-        self._slot_holders.discard(child.id)
-        budget.finished(self.ctx.query_id)
-        if notify:
-            self._slot_freed()
-
-    async def _generate(
-        self, child: Node, node: GraphNode, state: State, *, first: bool
-    ) -> str | None:
-        ctx = self.ctx
-        assert node.prompt is not None and node.sampling is not None
-        request_id = child.id if first else f"{child.id}/@{node.name}"
-        speculative = child.speculative
-        request = GenerateRequest(
-            request_id=request_id,
-            prompt=node.prompt(state),
-            sampling=replace(node.sampling, seed=ctx.request_seed(request_id)),
-            priority=Priority.SPECULATIVE if speculative else Priority.COMMITTED,
-            speculative=speculative,
-            dedup=ctx.spec.dedup,
-        )
-        ctx.recorder.request_started(speculative=speculative)
-        if ctx.budget is not None and not speculative:
-            ctx.budget.committed += 1
-        self._generating.add(child.id)
-        try:
-            result = await ctx.backend.generate(request)
-        finally:
-            self._generating.discard(child.id)
-            ctx.recorder.request_finished(speculative=speculative)
-            if ctx.budget is not None and not speculative:
-                ctx.budget.committed -= 1
-        completion = result.completions[0]
-        child.num_tokens += completion.num_tokens
-        if completion.finish_reason is FinishReason.ABORT or child.status is NodeStatus.CANCELLED:
-            child.status = NodeStatus.CANCELLED  # aborted, or cancelled while it finished
-            return None
-        if first:
-            child.text, child.token_ids = completion.text, completion.token_ids
-        return completion.text
-
-    async def _before_tool(self, child: Node, tool: GraphNode) -> None:
-        """A non-speculable tool runs only on a committed branch of a live query: wait for
-        adoption."""
-        if self.ctx.closed:
-            raise asyncio.CancelledError  # the query is over: this branch must not act
-        if child.speculative and not (tool.speculable and tool.pure):
-            self._release_slot(child)  # parked until commit: it uses no engine capacity
-            event = self._committed_events.setdefault(child.id, asyncio.Event())
-            await event.wait()
+        if not node.speculative:
+            if node.status is NodeStatus.RUNNING:  # adopted after its run ended well
+                ok = node.final and node.reward is not None and node not in self.failed
+                node.status = NodeStatus.SCORED if ok else NodeStatus.CANCELLED
+            self._report(node)
+        elif node.status is not NodeStatus.CANCELLED:
+            self._changed()  # a finished speculative node: keep the engine busy
 
     # -- the end ------------------------------------------------------------------------------
     async def shutdown(self) -> None:
@@ -253,7 +242,7 @@ class BranchRunner:
         whatever each backend does on task cancellation."""
         ctx = self.ctx
         ctx.closed = True
-        tasks = list(self.tasks.values())
+        tasks = [*self.tasks.values(), *self._retiring.values()]
         for task in tasks:
             task.cancel()
         await ctx.backend.abort(ctx.query_id)
@@ -261,3 +250,7 @@ class BranchRunner:
             await asyncio.gather(*self._aborts, return_exceptions=True)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _covers(prefix: str, node_id: str) -> bool:
+    return node_id == prefix or node_id.startswith(prefix + "/")

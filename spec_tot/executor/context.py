@@ -33,7 +33,9 @@ class QueryContext:
     config: ExecutorConfig
     answer_fn: Callable[[State], str | None]
     seed: int  # the query's base seed: every request's seed derives from it and the node id
-    budget: SpeculationBudget | None = None
+    # The backend's speculation budget: it sees every request on the backend; its grants
+    # (T2) bound speculation only when ``spec.budget`` is on.
+    budget: SpeculationBudget
     on_event: EventSink | None = None
     errors: list[str] = field(default_factory=list)
     closed: bool = False

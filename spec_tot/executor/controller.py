@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.branch import BranchRunner
 from spec_tot.executor.context import QueryContext
-from spec_tot.executor.pruning import early_prune_threshold, should_terminate
+from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord
 from spec_tot.nodes import GraphNode
-from spec_tot.policies.base import Answer, Candidate, Expansion
+from spec_tot.policies.base import Answer, Candidate, Expansion, startable_width
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["QueryController", "QueryOutcome", "record_for"]
@@ -86,12 +86,12 @@ class QueryController:
             self._outstanding -= len(batch)
             batch.sort(key=lambda n: n.key)
             if self.spec.ep:
-                self._early_prune()
+                early_prune(self.ctx, self.branches, self._round)
             expansions = self.policy.on_reward(self.tree, batch)
             if self.policy.done(self.tree) or self._terminate_early():
                 return
             if expansions and self.policy.discards_unselected:
-                self._discard_unselected(expansions)
+                discard_unselected(self.branches, self._round, expansions)
             self._commit(expansions)
             self._speculate()
 
@@ -135,26 +135,27 @@ class QueryController:
         return parent
 
     def _adopt(self, child: Node) -> None:
-        ctx = self.ctx
+        ctx, branches = self.ctx, self.branches
         ctx.emit("speculative_hit", child)
         child.speculative = False
         ctx.recorder.speculative_hits += 1
-        if ctx.budget is not None:
-            ctx.budget.hit(ctx.query_id)
+        ctx.budget.hit(ctx.query_id)
         self._round.append(child)
         self._outstanding += 1
-        self.branches.committed(child)
-        failure = self.branches.speculative_errors.pop(child.id, None)
-        if failure is not None:
-            ctx.errors.append(failure)
-        if self.branches.running(child.id):  # it reports when scored
+        branches.adopted(child)
+        failure = branches.failed.get(child)
+        if branches.running(child):  # it reports when its run ends
             child.status = NodeStatus.RUNNING
-            if child.reward is None:  # not scored yet: it now counts for its round
-                ctx.rewards.adopt(ctx.query_id, child.id)
-        else:
-            finished = child.status is NodeStatus.SPECULATIVE and child.reward is not None
-            child.status = NodeStatus.SCORED if finished else NodeStatus.CANCELLED
+        elif failure is not None:  # the baseline would have failed this very node too
+            ctx.errors.append(failure)
+            child.status = NodeStatus.CANCELLED
             self._reported.put_nowait(child)
+        elif child.final and child.reward is not None:
+            child.status = NodeStatus.SCORED
+            self._reported.put_nowait(child)
+        else:  # derived from a walk its parent no longer has: derive again, committed
+            child.status = NodeStatus.RUNNING
+            branches.restart(child)
 
     # -- speculating --------------------------------------------------------------------------
     def _speculate_later(self) -> None:
@@ -171,103 +172,68 @@ class QueryController:
         ctx, spec = self.ctx, self.spec
         if spec.speculate == "off" or ctx.closed:
             return
-        room = spec.max_speculative_per_query - self.branches.speculative_running()
-        if ctx.budget is not None:
-            # Predict no more than the global budget could grant: MCTS prediction simulates
-            # selections on a snapshot, and its cost grows with what it is asked for.
+        room = spec.max_speculative_per_query - self.branches.speculative_generating()
+        if spec.budget:
+            # Predict no more than the global budget could grant: prediction runs the
+            # policy forward, and its cost grows with what it is asked for.
             room = min(room, ctx.budget.room())
         if room <= 0:
             return
-        candidates = self.policy.predict(self.tree, min(room, self._predict_cap))
+        predicted = self.policy.predict(self.tree, min(room, self._predict_cap))
         if spec.speculate == "all":
-            candidates = self._every_finished_candidate(candidates)
+            predicted = self._every_known_candidate(predicted)
+        depth = self._depth_cap()
+        candidates: list[tuple[Node, int, float]] = []
+        for c in predicted:
+            parent = self.tree.get(c.parent_id)
+            if parent is None or parent.resume_at is None or self.branches.killed(parent):
+                continue
+            # ``c.width`` is what the node lacks; it must still lack it now
+            width = min(c.width, startable_width(parent, len(parent.children) + c.width))
+            if width > 0 and _level(parent) < depth:
+                candidates.append((parent, width, c.utility))
         if not candidates:
             return
-        if ctx.budget is not None:
-            wanted = sum(c.width for c in candidates)
-            best = max(c.utility for c in candidates)
-            room = ctx.budget.grant(ctx.query_id, wanted, best)
-        for candidate in candidates:
-            parent = self.tree.get(candidate.parent_id)
-            if room <= 0 or len(self.tree) >= ctx.config.max_nodes:
-                return
-            if parent is None or parent.status is not NodeStatus.SCORED or parent.terminal:
-                continue
-            if parent.children or parent.resume_at is None:
-                continue
-            for _ in range(min(candidate.width, room)):
+        if spec.budget:
+            wanted = sum(w for _, w, _ in candidates)
+            best = max(u for _, _, u in candidates)
+            room = ctx.budget.grant(ctx.query_id, wanted, best, spec.tau)
+        for parent, width, _ in candidates:
+            for _ in range(min(width, room)):
                 if len(self.tree) >= ctx.config.max_nodes:
                     return
                 self.branches.start(self.tree.add_child(parent, speculative=True), parent)
                 room -= 1
+            if room <= 0:
+                return
 
-    def _every_finished_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
+    def _depth_cap(self) -> int:
+        """SPEX T1's k: how many levels below the committed frontier speculation may go;
+        adaptive from the query's hit rate under T2 (a query whose guesses miss stays
+        shallow), ``max_spec_depth`` at most."""
+        cap = self.spec.max_spec_depth
+        if not self.spec.budget or cap <= 1:
+            return cap
+        rate = self.ctx.budget.hit_rate(self.ctx.query_id)
+        return cap if rate >= 0.5 else max(1, round(2 * rate * cap))
+
+    def _every_known_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
         """Naive continuation (the papers' strawman, and SpecScale's speculation): every
-        scored, unfinished candidate of the round is continued at once, at the widest width
-        the policy would give any node; MCTS-like policies keep their own predictions."""
+        known, unfinished candidate of the round is continued at once (its reward may still
+        be pending), at the widest width the policy would give any node; MCTS-like
+        policies keep their own predictions."""
         if not self.policy.discards_unselected:
             return predicted
         width = max((c.width for c in predicted), default=1)
         chosen = {c.parent_id for c in predicted}
-        depth_limit = getattr(self.policy, "max_depth", None)
         rest = [
             Candidate(n.id, width, 0.0)
             for n in self._round
             if n.id not in chosen
-            and n.status is NodeStatus.SCORED
-            and not n.terminal
-            and not n.children
-            and n.resume_at is not None
-            and (depth_limit is None or n.depth < depth_limit)
+            and n.depth < self.policy.max_depth
+            and startable_width(n, width) == width
         ]
         return [*predicted, *rest]
-
-    # -- pruning ------------------------------------------------------------------------------
-    def _early_prune(self) -> None:
-        keep = self.policy.keep_count(self.tree)
-        if keep is None:
-            return
-        if self.spec.ep_full_score:
-            self._full_score_shortcut(keep)
-        threshold = early_prune_threshold(self._round, keep)
-        if threshold is None:
-            return
-        for node in self._round:
-            below = node.reward is not None and node.reward < threshold
-            if node.status is NodeStatus.SCORED and not node.terminal and below:
-                node.status = NodeStatus.PRUNED
-                self.ctx.emit("pruned", node, reward=node.reward, threshold=threshold)
-                for child in node.children:
-                    self.branches.cancel(child)
-
-    def _full_score_shortcut(self, keep: int) -> None:
-        """Opt-in: once ``keep`` non-terminal candidates have the maximum score, the round is
-        decided; unfinished candidates are cancelled. A later candidate that would also have
-        scored the maximum could have won a tie in the baseline, so this can change which
-        tied node is kept."""
-        full = [
-            n
-            for n in self._round
-            if n.status is NodeStatus.SCORED
-            and not n.terminal
-            and n.reward is not None
-            and n.reward >= self.spec.full_score
-        ]
-        if len(full) < keep:
-            return
-        for node in self._round:
-            task = self.branches.tasks.get(node.id)
-            if node.status is NodeStatus.RUNNING and task is not None and not task.done():
-                self.ctx.emit("cancelled", node, reason="full-score shortcut")
-                task.cancel()
-
-    def _discard_unselected(self, expansions: Sequence[Expansion]) -> None:
-        selected = {e.parent_id for e in expansions}
-        for node in self._round:
-            if node.id not in selected:
-                for child in node.children:
-                    if child.speculative:
-                        self.branches.cancel(child)
 
     # -- the end ------------------------------------------------------------------------------
     async def _shutdown(self) -> None:
@@ -279,12 +245,23 @@ class QueryController:
             if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
                 node.status = NodeStatus.CANCELLED
         ctx.rewards.forget(ctx.query_id)
-        if ctx.budget is not None:
-            ctx.budget.forget(ctx.query_id)
+        ctx.budget.forget(ctx.query_id)
 
 
 async def _no_wait(_tool: GraphNode) -> None:
     return None
+
+
+def _level(node: Node) -> int:
+    """How far below the committed frontier ``node`` is: 0 for a committed scored node, one
+    more for each node above it up to one (a speculative node, or a committed one whose
+    reward is pending)."""
+    level = 0
+    current: Node | None = node
+    while current is not None and (current.speculative or current.status is not NodeStatus.SCORED):
+        level += 1
+        current = current.parent
+    return level
 
 
 def record_for(tree: SearchTree, status: str, solved: bool, latency_s: float) -> QueryRecord:
@@ -295,9 +272,11 @@ def record_for(tree: SearchTree, status: str, solved: bool, latency_s: float) ->
         status=status,
         solved=solved,
         latency_s=latency_s,
-        output_tokens=sum(n.num_tokens for n in nodes),
+        output_tokens=sum(n.num_tokens for n in nodes) + sum(n.num_tokens for n in tree.discarded),
         wasted_tokens=sum(
             n.num_tokens for n in nodes if n.status is NodeStatus.CANCELLED or n.speculative
-        ),
+        )
+        + sum(n.num_tokens for n in tree.discarded)
+        + sum(n.discarded_tokens for n in nodes),
         nodes=len(nodes) - 1,
     )

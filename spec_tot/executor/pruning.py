@@ -1,13 +1,77 @@
-"""SpecScale's early-pruning threshold (EP) and SPEX T3 adaptive early termination: small
-pure functions the controller calls."""
+"""What the controller prunes: SpecScale's early pruning (EP, and its opt-in full-score
+shortcut), the speculative work under BFS nodes a round did not select, and SPEX T3 adaptive
+early termination."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
-__all__ = ["early_prune_threshold", "should_terminate"]
+if TYPE_CHECKING:
+    from spec_tot.executor.branch import BranchRunner
+    from spec_tot.executor.context import QueryContext
+
+__all__ = ["discard_unselected", "early_prune", "early_prune_threshold", "should_terminate"]
+
+
+def early_prune(ctx: QueryContext, branches: BranchRunner, round_nodes: list[Node]) -> None:
+    """EP: every scored non-terminal node of the round strictly below the k-th best score
+    can no longer be selected; it is pruned and its speculative subtree cancelled."""
+    keep = ctx.policy.keep_count(ctx.tree)
+    if keep is None:
+        return
+    if ctx.spec.ep_full_score:
+        _full_score_shortcut(ctx, branches, round_nodes, keep)
+    threshold = early_prune_threshold(round_nodes, keep)
+    if threshold is None:
+        return
+    for node in round_nodes:
+        below = node.reward is not None and node.reward < threshold
+        if node.status is NodeStatus.SCORED and not node.terminal and below:
+            node.status = NodeStatus.PRUNED
+            ctx.emit("pruned", node, reward=node.reward, threshold=threshold)
+            for child in node.children:
+                branches.cancel(child)
+
+
+def _full_score_shortcut(
+    ctx: QueryContext, branches: BranchRunner, round_nodes: list[Node], keep: int
+) -> None:
+    """Opt-in: once ``keep`` non-terminal candidates have the maximum score, the round is
+    decided; unfinished candidates are cancelled. A later candidate that would also have
+    scored the maximum could have won a tie in the baseline, so this can change which tied
+    node is kept."""
+    full = [
+        n
+        for n in round_nodes
+        if n.status is NodeStatus.SCORED
+        and not n.terminal
+        and n.reward is not None
+        and n.reward >= ctx.spec.full_score
+    ]
+    if len(full) < keep:
+        return
+    for node in round_nodes:
+        task = branches.tasks.get(node.id)
+        if node.status is NodeStatus.RUNNING and task is not None and not task.done():
+            ctx.emit("cancelled", node, reason="full-score shortcut")
+            task.cancel()
+
+
+def discard_unselected(
+    branches: BranchRunner, round_nodes: list[Node], expansions: Sequence[Expansion]
+) -> None:
+    """A BFS round's nodes that it did not select are never expanded: their speculative
+    subtrees go at once."""
+    selected = {e.parent_id for e in expansions}
+    for node in round_nodes:
+        if node.id not in selected:
+            for child in node.children:
+                if child.speculative:
+                    branches.cancel(child)
 
 
 def early_prune_threshold(candidates: Sequence[Node], keep: int) -> float | None:

@@ -8,40 +8,21 @@ Scores are normalised to a tuple of per-step floats.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spec_tot._private.compiled import maybe_await
 from spec_tot.backends import RewardBackend
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.batching import BatchRule, Pending, Queue
+from spec_tot.executor.calls import ScoreCalls
+from spec_tot.executor.scores import Scorer
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import GraphNode, State
 from spec_tot.requests import Capabilities, RewardItem
 
-__all__ = ["RewardRouter", "calibrated_lv", "call_scorer"]
-
-Scorer = RewardBackend | Any
-
-
-async def call_scorer(scorer: Scorer, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
-    """Call a RewardBackend or a plain (sync or async) callable; check and normalise."""
-    if isinstance(scorer, RewardBackend):
-        raw: Any = await scorer.score(items)
-    else:
-        raw = await maybe_await(scorer(list(items)))
-    scores = list(raw)
-    if len(scores) != len(items):
-        raise ExecutionError(f"scorer returned {len(scores)} scores for {len(items)} items")
-    out: list[tuple[float, ...]] = []
-    for value in scores:
-        steps = (float(value),) if isinstance(value, int | float) else tuple(map(float, value))
-        if not steps:
-            raise ExecutionError("scorer returned an empty score tuple")
-        out.append(steps)
-    return out
+__all__ = ["RewardRouter", "calibrated_lv"]
 
 
 def calibrated_lv(lv: LazyVerification, given: Any, caps: Capabilities) -> LazyVerification:
@@ -69,23 +50,32 @@ class _Query:
     rule: BatchRule
     recorder: MetricsRecorder
     default: Scorer | None
-    committed_unscored: int = 0
-    pending_committed: int = 0
+    timeout_s: float | None = None
+    # Committed branches that will reach the router (or end) and are not scored yet, and
+    # those of them whose item waits in a queue (not yet in a batch being scored).
+    expected: set[str] = field(default_factory=set)
+    queued: set[str] = field(default_factory=set)
 
     @property
     def group_complete(self) -> bool:
-        return 0 < self.committed_unscored <= self.pending_committed
+        return bool(self.expected) and self.expected <= self.queued
 
 
 class RewardRouter:
     """Shared by the queries on one event loop (no locks). Each query opens with its batch
-    rule, its metrics recorder and its default scorer."""
+    rule, its metrics recorder and its default scorer.
+
+    Committed branches decide sibling groups: ``expect(node)`` when a committed branch
+    starts (or a running speculative one is adopted before its score), ``release(node)``
+    when it ends; both idempotent."""
 
     def __init__(self) -> None:
         self._queries: dict[str, _Query] = {}
         self._queues: dict[Hashable, Queue] = {}
         self._rules: dict[Hashable, BatchRule] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight: dict[Hashable, int] = {}  # queue key -> its batches being scored
+        self._calls = ScoreCalls(self._query_info)
         self._unresolved: dict[str, Pending] = {}  # node id -> its item, until scored
 
     # -- queries ------------------------------------------------------------------------------
@@ -95,39 +85,35 @@ class RewardRouter:
         rule: BatchRule,
         recorder: MetricsRecorder,
         default_scorer: Scorer | None,
+        timeout_s: float | None = None,
     ) -> None:
-        self._queries[query_id] = _Query(rule, recorder, default_scorer)
+        self._queries[query_id] = _Query(rule, recorder, default_scorer, timeout_s)
 
     def group_complete(self, query_id: str) -> bool:
         query = self._queries.get(query_id)
         return query is not None and query.group_complete
 
-    # -- branch accounting (committed branches only decide a round) --------------------------
-    def segment_started(self, query_id: str, *, speculative: bool) -> None:
+    # -- committed branches -------------------------------------------------------------------
+    def expect(self, query_id: str, node_id: str) -> None:
+        """A committed branch (new, or a speculative one just adopted) will reach the router
+        or end: it counts for its query's sibling group from now on, wherever it is."""
         query = self._queries.get(query_id)
-        if query is not None and not speculative:
-            query.committed_unscored += 1
-
-    def adopt(self, query_id: str, node_id: str) -> None:
-        """A speculative branch became committed before its score came back: from now on it
-        counts for its query's sibling group, wherever it is (before its reward, waiting in
-        a queue, or in a batch being scored)."""
-        query = self._queries.get(query_id)
-        if query is None:
+        if query is None or node_id in query.expected:
             return
-        query.committed_unscored += 1
+        query.expected.add(node_id)
         pending = self._unresolved.get(node_id)
-        if pending is not None and not pending.counted:
+        if pending is not None:
             pending.speculative = False
-            pending.counted = True
             if pending.queued:
-                query.pending_committed += 1
+                query.queued.add(node_id)
         self._check(query_id)
 
-    def segment_ended_unscored(self, query_id: str, *, speculative: bool) -> None:
+    def release(self, query_id: str, node_id: str) -> None:
+        """The branch ended, or its score came back."""
         query = self._queries.get(query_id)
-        if query is not None and not speculative:
-            query.committed_unscored -= 1
+        if query is not None and node_id in query.expected:
+            query.expected.discard(node_id)
+            query.queued.discard(node_id)
             self._check(query_id)
 
     def forget(self, query_id: str) -> None:
@@ -139,25 +125,34 @@ class RewardRouter:
             queue.items = [p for p in queue.items if p.query_id != query_id]
             if not queue.items:
                 self._drop_queue(key)
+        self._calls.forget(query_id)
 
     # -- scoring ------------------------------------------------------------------------------
+    def prepare(
+        self, query_id: str, node_id: str, reward_node: GraphNode, state: State
+    ) -> tuple[RewardItem, Scorer]:
+        """The item a branch at ``reward_node`` hands in, and who scores it."""
+        query = self._queries.get(query_id)
+        default = query.default if query is not None else None
+        scorer = reward_node.scorer if reward_node.scorer is not None else default
+        if scorer is None or reward_node.reward_input is None:
+            raise ExecutionError(f"reward node {reward_node.name!r} has no scorer")
+        question, steps = reward_node.reward_input(state)
+        return RewardItem(request_id=node_id, question=question, steps=tuple(steps)), scorer
+
     async def score(
         self,
         query_id: str,
-        node_id: str,
-        reward_node: GraphNode,
-        state: State,
+        item: RewardItem,
+        scorer: Scorer,
         *,
         speculative: bool,
+        node_name: str,
     ) -> tuple[float, ...]:
+        """Queue ``item`` (its ``request_id`` is the node id) and wait for its checked
+        per-step scores; a bad score raises ``ExecutionError`` naming ``node_name``."""
         query = self._queries[query_id]
-        try:
-            item, scorer = self._prepare(node_id, reward_node, state, query.default)
-            tokens = _tokens(scorer, item)
-        except Exception:
-            # Never registered: release the branch so its round can still complete.
-            self.segment_ended_unscored(query_id, speculative=speculative)
-            raise
+        node_id = item.request_id
         loop = asyncio.get_running_loop()
         key = query.rule.key(query_id)
         pending = Pending(
@@ -165,18 +160,20 @@ class RewardRouter:
             node_id,
             scorer,
             item,
-            speculative,
-            tokens,
+            speculative and node_id not in query.expected,
+            _tokens(scorer, item),
             loop.create_future(),
             loop.time(),
             key=key,
+            node_name=node_name,
         )
         self._rules[key] = query.rule
         self._queues.setdefault(key, Queue()).items.append(pending)
         self._unresolved[node_id] = pending
         if not speculative:
-            pending.counted = True
-            query.pending_committed += 1
+            query.expected.add(node_id)
+        if node_id in query.expected:
+            query.queued.add(node_id)
         self._check(query_id)
         try:
             return await pending.future
@@ -187,25 +184,14 @@ class RewardRouter:
                 waiting = self._queues.get(key)
                 if waiting is not None and pending in waiting.items:
                     waiting.items.remove(pending)
-                if pending.counted:
-                    query.pending_committed -= 1
-            if pending.counted:
-                query.committed_unscored -= 1
-            self._check(query_id)
-
-    @staticmethod
-    def _prepare(
-        node_id: str, reward_node: GraphNode, state: State, default: Scorer | None
-    ) -> tuple[RewardItem, Scorer]:
-        scorer = reward_node.scorer if reward_node.scorer is not None else default
-        if scorer is None or reward_node.reward_input is None:
-            raise ExecutionError(f"reward node {reward_node.name!r} has no scorer")
-        question, steps = reward_node.reward_input(state)
-        return RewardItem(request_id=node_id, question=question, steps=tuple(steps)), scorer
+            self.release(query_id, node_id)
 
     # -- what batch rules call ----------------------------------------------------------------
     def queue(self, key: Hashable) -> Queue | None:
         return self._queues.get(key)
+
+    def batches_in_flight(self, key: Hashable) -> int:
+        return self._inflight.get(key, 0)
 
     def _check(self, query_id: str) -> None:
         query = self._queries.get(query_id)
@@ -255,56 +241,29 @@ class RewardRouter:
         for p in batch:  # in flight now: no longer "waiting" for the group rule
             p.queued = False
             query = self._queries.get(p.query_id)
-            if p.counted and query is not None:
-                query.pending_committed -= 1
+            if query is not None:
+                query.queued.discard(p.node_id)
         # Committed work first: its scores unblock the policy.
         batch = sorted(batch, key=lambda p: p.speculative)
-        task = asyncio.get_running_loop().create_task(self._run(batch))
+        task = asyncio.get_running_loop().create_task(self._calls.run(batch))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+        task.add_done_callback(lambda t: self._batch_done(key, t))
+
+    def _batch_done(self, key: Hashable, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._inflight[key] -= 1
+        if not self._inflight[key]:
+            del self._inflight[key]
+        rule = self._rules.get(key)
+        if rule is not None and key in self._queues:
+            rule.on_batch_done(self, key)
+
+    def _query_info(self, query_id: str) -> tuple[MetricsRecorder, float | None] | None:
+        query = self._queries.get(query_id)
+        return None if query is None else (query.recorder, query.timeout_s)
 
     def _drop_queue(self, key: Hashable) -> None:
         queue = self._queues.pop(key, None)
         if queue is not None and queue.timer is not None:
             queue.timer.cancel()
-
-    # -- running batches ----------------------------------------------------------------------
-    async def _run(self, pending: list[Pending]) -> None:
-        groups: dict[int, list[Pending]] = {}
-        for entry in pending:
-            groups.setdefault(id(entry.scorer), []).append(entry)
-        for group in groups.values():
-            await self._score_group(group)
-
-    async def _score_group(self, group: list[Pending]) -> None:
-        live = [p for p in group if not p.future.done()]
-        if not live:
-            return
-        try:
-            self._record(live)
-            scores = await call_scorer(live[0].scorer, [p.item for p in live])
-        except Exception as exc:
-            queries = {p.query_id for p in live}
-            if len(queries) > 1:
-                # A batch shared by queries failed: score each query alone, so that only
-                # the query whose items fail sees the error.
-                for query_id in sorted(queries):
-                    await self._score_group([p for p in live if p.query_id == query_id])
-                return
-            for p in live:
-                if not p.future.done():
-                    p.future.set_exception(exc)
-            return
-        for p, value in zip(live, scores, strict=True):
-            if not p.future.done():
-                p.future.set_result(value)
-
-    def _record(self, live: list[Pending]) -> None:
-        """One reward call in the metrics of each run that has items in it."""
-        by_recorder: dict[int, tuple[MetricsRecorder, list[Pending]]] = {}
-        for p in live:
-            query = self._queries.get(p.query_id)
-            if query is not None:
-                by_recorder.setdefault(id(query.recorder), (query.recorder, []))[1].append(p)
-        for recorder, items in by_recorder.values():
-            recorder.reward_call(len(items), sum(p.tokens for p in items))

@@ -31,7 +31,7 @@ from spec_tot.langgraph.entries import SendOwners, SpeculationSlots
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
-from spec_tot.langgraph.speculation import Speculator
+from spec_tot.langgraph.speculation import SPECULATIVE_TAG, Speculator
 
 __all__ = ["SpeculativeGraph", "from_langgraph"]
 
@@ -218,12 +218,14 @@ class SpeculativeGraph(Runnable[Any, Any]):
         run.config = {**config, "configurable": configurable}
         if not self.speculate:
             return run
-        spec_config: RunnableConfig = {**run.config, "callbacks": None}
+        tags = [*(run.config.get("tags") or []), SPECULATIVE_TAG]
+        spec_config: RunnableConfig = {**run.config, "tags": tags}
 
         def make(owners: SendOwners, clock: Callable[[], float]) -> Speculator:
             return Speculator(
                 roles=self.roles,
                 config=spec_config,
+                manager=run.manager,
                 slots=self.slots,
                 max_depth=self.max_depth,
                 strict=self.strict,
@@ -271,6 +273,8 @@ class SpeculativeGraph(Runnable[Any, Any]):
     ) -> AsyncIterator[Any]:
         context = kwargs.pop("context", None)
         output_keys = kwargs.pop("output_keys", None)
+        # As LangGraph's stream: every state key unless output_keys says otherwise.
+        keys = output_keys if output_keys is not None else self.compiled.stream_channels_asis
         modes, single = _modes(kwargs.pop("stream_mode", None))
         _check_kwargs(kwargs)
         queue: asyncio.Queue[tuple[str, Any] | None] = asyncio.Queue()
@@ -281,7 +285,15 @@ class SpeculativeGraph(Runnable[Any, Any]):
 
         async def drive() -> None:
             try:
-                await self.arun(input, config, context=context, sink=sink, stream_keys=output_keys)
+                await self.arun(
+                    input,
+                    config,
+                    context=context,
+                    sink=sink,
+                    output_keys=keys,
+                    stream_keys=keys,
+                    threads=threads,
+                )
             finally:
                 queue.put_nowait(None)
 

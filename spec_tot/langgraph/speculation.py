@@ -14,6 +14,8 @@ Passes run after every task completion (real or speculative). What a pass no lon
 is cancelled at once when the graph's selects are declared ``top_k`` (a dropped ``Send`` is
 never emitted later), and otherwise kept, unused, until its superstep passes or its slot is
 needed. Slots (speculative tasks running at once) are shared by every run of one app.
+Speculative tasks report to the run's callbacks like real ones, tagged ``SPECULATIVE_TAG``
+(so a trace shows what speculation cost, and what it saved once adopted).
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ from spec_tot.langgraph.entries import (
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
 
-__all__ = ["Speculator"]
+__all__ = ["SPECULATIVE_TAG", "Speculator"]
+
+# Tag of speculative tasks' runs (and of the LLM calls inside them) in traces and callbacks.
+SPECULATIVE_TAG = "spec_tot:speculative"
 
 _SETTLE_TURNS = 4  # event-loop turns a pass waits for runs it has just started
 
@@ -51,7 +56,8 @@ class Speculator:
     """The speculative side of one run; the runner calls ``begin_step``/``task_done``."""
 
     roles: Mapping[str, NodeRole]
-    config: RunnableConfig  # for speculative tasks: no callbacks, the run's runtime
+    config: RunnableConfig  # for speculative tasks: the run's, tagged SPECULATIVE_TAG
+    manager: Any  # the run's callback manager: speculative work is traced, tagged
     slots: SpeculationSlots
     max_depth: int
     strict: bool
@@ -172,7 +178,7 @@ class Speculator:
         referenced: set[int] = set()
         reached: dict[int, bool] = {}
         while world.step <= world.stop:
-            step_tasks = world.prepare(self.config)
+            step_tasks = world.prepare(self.config, self.manager)
             if not step_tasks:
                 break
             reached[world.step] = exact

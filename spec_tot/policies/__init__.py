@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from spec_tot._private.plugins import declared, load_target
@@ -29,7 +30,7 @@ _POLICIES: dict[str, str] = {
     "ets": "spec_tot.policies.ets:ETS",
     "mcts": "spec_tot.policies.mcts:MCTS",
     "rstar": "spec_tot.policies.mcts:RStarMCTS",
-    "rest_mcts": "spec_tot.policies.mcts:RestMCTS",
+    "rest_mcts": "spec_tot.policies.rest_mcts:RestMCTS",
     "tot_bfs": "spec_tot.policies.tot_bfs:ToTBFS",
     "tot_dfs": "spec_tot.policies.tot_dfs:ToTDFS",
 }
@@ -55,12 +56,34 @@ def create_policy(name: str, **params: Any) -> SearchPolicy:
 
     ``name`` is a built-in policy or one a plug-in declares as an entry point in the group
     ``spec_tot.policies``; ``compile(search="name")`` and the CLI both come here, so they see
-    the same policies (no module-global state: the entry points are what is installed).
+    the same policies (no module-global state: the entry points are what is installed). An
+    unknown parameter or a value of the wrong type is a ``ConfigError`` naming the parameter
+    and the policy.
     """
     target = _POLICIES.get(name) or _plugins().get(name)
     if target is None:
         raise UnknownNameError("search policy", name, policy_names())
-    policy = load_target(target)(**params)
+    factory = load_target(target)
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C factory: let the call check
+        signature = None
+    if signature is not None and not any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    ):
+        known = [p for p in signature.parameters if p != "self"]
+        for key in params:
+            if key not in known:
+                raise ConfigError(
+                    key, f"unknown parameter of policy {name!r}; known: {', '.join(known)}"
+                )
+    try:
+        policy = factory(**params)
+    except ConfigError as exc:
+        message = str(exc).split(": ", 1)[-1]
+        raise ConfigError(exc.field, f"{message} (policy {name!r})") from exc
+    except TypeError as exc:  # a value the policy's own checks did not catch
+        raise ConfigError("search_params", f"policy {name!r}: {exc}") from exc
     if not isinstance(policy, SearchPolicy):
         raise ConfigError("search", f"{target!r} made {type(policy).__name__}, not a SearchPolicy")
     return policy

@@ -15,7 +15,7 @@ from typing import Literal
 
 from spec_tot.errors import ConfigError
 from spec_tot.policies.base import Answer, Candidate, Expansion
-from spec_tot.tree import Aggregation, Node, NodeStatus
+from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = [
     "Outstanding",
@@ -29,7 +29,7 @@ __all__ = [
     "check_positive_float",
     "check_range",
     "check_vote",
-    "expandable",
+    "feed_known",
     "fit_budget",
     "rank",
     "softmax",
@@ -88,17 +88,6 @@ def check_aggregation(value: str) -> Aggregation:
 def rank(nodes: Iterable[Node], score: ScoreFn) -> list[Node]:
     """Best first; ties broken by the canonical key (the id path)."""
     return sorted(nodes, key=lambda n: (-score(n), n.key))
-
-
-def expandable(node: Node, max_depth: int) -> bool:
-    """A scored, non-terminal node below the depth limit with no committed children yet
-    (speculative children may exist: the executor adopts them when it is expanded)."""
-    return (
-        node.status is NodeStatus.SCORED
-        and not node.terminal
-        and node.depth < max_depth
-        and all(child.speculative for child in node.children)
-    )
 
 
 def softmax(scores: Sequence[float], temperature: float) -> list[float]:
@@ -220,6 +209,36 @@ class Outstanding:
     @property
     def empty(self) -> bool:
         return not self.pending
+
+
+def feed_known(
+    outstanding: Outstanding,
+    fed: set[str],
+    tree: SearchTree,
+    on_reward: Callable[[SearchTree, Sequence[Node]], object],
+    *,
+    partial: bool = False,
+) -> tuple[Node, int, bool] | None:
+    """Run a shadow of a one-expansion-at-a-time policy (MCTS, ToT DFS) forward: while
+    every child of the expansion in flight is known (scored or with a provisional reward)
+    or failed, feed them to ``on_reward`` as if scored. With ``partial``, an expansion whose
+    children all exist and at least one is known is fed too, the rest as if failed (the
+    best *known* child goes on: a guess that does not wait for the slowest sibling).
+    Returns the first expansion that cannot be fed, as (parent, width, guessed: whether a
+    partial feed led there), or None when nothing is in flight."""
+    guessed = False
+    while outstanding.pending:
+        parent_id, width = next(iter(outstanding.pending.items()))
+        parent = tree[parent_id]
+        kids = parent.children[:width]
+        done = sum(1 for k in kids if k.known or k.status is NodeStatus.CANCELLED)
+        if len(kids) < width or done < width:
+            if not (partial and len(kids) == width and any(k.known for k in kids)):
+                return parent, width, guessed
+            guessed = True
+        fed.update(k.id for k in kids if k.known)
+        on_reward(tree, kids)
+    return None
 
 
 def check_beam_shape(n: int, width: int) -> None:

@@ -15,14 +15,19 @@ from spec_tot.policies._common import (
     check_aggregation,
     check_positive,
     check_vote,
-    expandable,
     fit_budget,
     vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["RoundPolicy"]
+
+_MAX_LEVELS = 8  # prediction depth below the open round (the executor caps it further)
+
+
+def _key(node: Node) -> tuple[int, ...]:
+    return node.key
 
 
 class RoundPolicy(SearchPolicy):
@@ -49,9 +54,12 @@ class RoundPolicy(SearchPolicy):
         """The next round's expansions, given every resolved child of the finished round
         (in creation order). An empty list ends the search."""
 
-    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
-        """Ranked speculative candidates among the round's scored, still-expandable nodes."""
-        return []
+    def _predict_select(self, tree: SearchTree, nodes: list[Node]) -> list[tuple[Expansion, float]]:
+        """The selection rule on a (partly) predicted round, each expansion with its utility
+        (how likely the real round selects it): by default ``_select``, utility falling with
+        rank. Runs on the shadow (predictive view)."""
+        exps = self._select(tree, nodes)
+        return [(e, (len(exps) - r) / len(exps)) for r, e in enumerate(exps)]
 
     # -- the protocol ---------------------------------------------------------------------
     def initial(self, tree: SearchTree) -> list[Expansion]:
@@ -75,10 +83,42 @@ class RoundPolicy(SearchPolicy):
         return self._commit(self._select(tree, round_nodes))
 
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        """SPEX T1 for BFS, chained: the open round's known nodes (scored, or generated
+        with a provisional reward) are selected by the policy's own rule; the selected
+        nodes' known speculative children form the next (predicted) round, selected by the
+        same rule, and so on down the chain. A candidate's utility is the product of the
+        utilities along its chain."""
         if budget <= 0 or self._finished:
             return []
-        scored = [n for n in self._round if expandable(n, self.max_depth)]
-        return fit_budget(self._speculate(tree, scored), budget)
+        shadow = self.shadow()
+        received = {n.id for n in self._round}
+        level = [
+            c
+            for p in self._outstanding.pending
+            for c in tree[p].children
+            if not c.speculative and c.known
+        ]
+        shadow.completed += sum(1 for n in level if n.terminal and n.id not in received)
+        chain: dict[str, float] = {}
+        out: list[Candidate] = []
+        for _ in range(_MAX_LEVELS):
+            if not level:
+                break
+            next_level: list[Node] = []
+            for exp, utility in shadow._predict_select(tree, sorted(level, key=_key)):
+                node = tree[exp.parent_id]
+                reach = chain.get(node.id, 1.0) * utility
+                room = startable_width(node, exp.width)
+                if room:
+                    out.append(Candidate(node.id, room, reach))
+                for child in node.children:
+                    if child.known:
+                        chain[child.id] = reach
+                        next_level.append(child)
+            shadow.completed += sum(1 for n in next_level if n.terminal)
+            level = next_level
+        out.sort(key=lambda c: -c.utility)
+        return fit_budget(out, budget)
 
     def done(self, tree: SearchTree) -> bool:
         return self._finished

@@ -13,8 +13,12 @@ Contract:
   PRUNED and no reward: a policy counts them as resolved and never selects them.
 - A policy never returns an expansion of a terminal node, nor two expansions of one node in
   one round. ``answer`` only ever comes from terminal SCORED nodes.
-- ``predict(tree, budget)`` is side-effect free: it may use ``tree.snapshot()`` to simulate
-  its own future picks. It returns at most ``budget`` children's worth of candidates.
+- ``predict(tree, budget)`` is side-effect free. It sees the tree through the *predictive
+  view* (``shadow()``): besides SCORED nodes, every node whose walk past its reward edge is
+  known (committed or speculative, scored or with a provisional reward) counts as scored,
+  with ``predicted_reward`` as its score, so a prediction may chain several levels below the
+  committed frontier. It returns at most ``budget`` children's worth of candidates, only on
+  nodes whose continuation can start (``startable``), for the children they lack.
 - ``keep_count(tree)`` is the k of the current round for early pruning: after k children of
   the round are scored, any scored child strictly below the k-th best cannot be selected.
   ``None`` when the policy's selection is not a top-k (REBASE, MCTS, best-of-N).
@@ -22,14 +26,15 @@ Contract:
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Self
 
-from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
+from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree, predicted_reward
 
-__all__ = ["Answer", "Candidate", "Expansion", "SearchPolicy"]
+__all__ = ["Answer", "Candidate", "Expansion", "SearchPolicy", "startable_width"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,9 @@ class SearchPolicy(ABC):
 
     name: ClassVar[str]
     aggregation: Aggregation = "last"
+    max_depth: int = 1 << 30
+    # True on a shadow copy (``shadow()``) that predicts on the predictive view.
+    _predictive: bool = False
     # True when a node of a finished round that the round did not expand is never expanded
     # later (BFS policies): the executor then cancels speculative work under it at once.
     discards_unselected: ClassVar[bool] = False
@@ -83,9 +91,50 @@ class SearchPolicy(ABC):
         return None
 
     def score(self, node: Node) -> float:
-        """The node's score as this policy ranks it (aggregated step scores)."""
-        return node.reward if node.reward is not None else float("-inf")
+        """The node's score as this policy ranks it (aggregated step scores); on the
+        predictive view a pending reward is predicted."""
+        if node.reward is not None:
+            return node.reward
+        if self._predictive and node.known:
+            return predicted_reward(node)
+        return float("-inf")
+
+    def seen(self, node: Node) -> bool:
+        """Scored (predictive view: known) and neither pruned nor cancelled."""
+        return node.known if self._predictive else node.status is NodeStatus.SCORED
+
+    def expandable(self, node: Node) -> bool:
+        """A seen, non-terminal node below the depth limit with no committed children yet
+        (speculative children may exist: the executor adopts them when it is expanded)."""
+        return (
+            self.seen(node)
+            and not node.terminal
+            and node.depth < self.max_depth
+            and all(child.speculative for child in node.children)
+        )
+
+    def shadow(self) -> Self:
+        """A copy of this policy on the predictive view, for ``predict`` to run forward on
+        the predicted rewards; policies copy their own mutable control state in
+        ``_copy_state``. The real policy is never touched."""
+        twin = copy.copy(self)
+        twin._predictive = True
+        twin._copy_state()
+        return twin
+
+    def _copy_state(self) -> None:  # noqa: B027 - optional hook
+        """Replace the mutable containers of this (shadow) copy by copies of their own."""
 
     @staticmethod
     def resolved(node: Node) -> bool:
         return node.status in (NodeStatus.SCORED, NodeStatus.PRUNED, NodeStatus.CANCELLED)
+
+
+def startable_width(node: Node, width: int) -> int:
+    """How many more children a prediction may start under ``node`` for an expansion of
+    ``width``: 0 unless its walk is known and goes on and it was never expanded. Every
+    existing child counts (a failed one too: its id is taken, and the committed expansion
+    adopts it as the failure the baseline would also have had)."""
+    if not node.known or node.terminal or not all(c.speculative for c in node.children):
+        return 0
+    return max(0, width - len(node.children))

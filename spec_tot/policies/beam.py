@@ -14,9 +14,9 @@ utility ``(k - rank) / k``: the higher a node ranks now, the likelier it stays i
 
 from __future__ import annotations
 
-from spec_tot.policies._common import check_beam_shape, expandable, rank
+from spec_tot.policies._common import check_beam_shape, rank
 from spec_tot.policies._rounds import RoundPolicy
-from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["BeamSearch"]
@@ -48,9 +48,5 @@ class BeamSearch(RoundPolicy):
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         if self.completed >= self.n:
             return []
-        active = [c for c in round_nodes if expandable(c, self.max_depth)]
+        active = [c for c in round_nodes if self.expandable(c)]
         return [Expansion(c.id, self.width) for c in rank(active, self.score)[: self.keep]]
-
-    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
-        top = rank(scored, self.score)[: self.keep]
-        return [Candidate(c.id, self.width, (self.keep - r) / self.keep) for r, c in enumerate(top)]

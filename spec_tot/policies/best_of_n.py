@@ -6,7 +6,8 @@ child, at once (traces are independent, so there is no round barrier). A trace e
 terminal node, at ``max_depth``, or when its step fails. The answer is a vote over the
 terminal SCORED nodes: ``majority`` (one vote per trace), ``weighted`` (sum of the traces'
 scores per answer) or ``best`` (the single best-scored trace). Nothing is ever waiting on a
-selection, so ``predict`` has nothing to add and ``keep_count`` is ``None``.
+selection, so every step that goes on will be extended: ``predict`` offers each known step
+(its reward may be pending) whose continuation has not started; ``keep_count`` is ``None``.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from spec_tot.policies._common import (
     check_aggregation,
     check_positive,
     check_vote,
-    expandable,
+    fit_budget,
     vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Aggregation, Node, SearchTree
 
 __all__ = ["BestOfN"]
@@ -58,12 +59,24 @@ class BestOfN(SearchPolicy):
     def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
         accepted = self._outstanding.receive(scored)
         self._outstanding.pop_complete()
-        out = [Expansion(c.id, 1) for c in accepted if expandable(c, self.max_depth)]
+        out = [Expansion(c.id, 1) for c in accepted if self.expandable(c)]
         self._outstanding.add(out)
         return out
 
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
-        return []
+        """Every known trace step that goes on (its reward may still be pending; committed
+        or speculative, at any depth) will be extended by one child: all are candidates,
+        shallowest first."""
+        if budget <= 0:
+            return []
+        shadow = self.shadow()
+        out = [
+            Candidate(n.id, 1, 1.0 / n.depth)
+            for n in tree.nodes()
+            if n.parent is not None and shadow.expandable(n) and startable_width(n, 1)
+        ]
+        out.sort(key=lambda c: (-c.utility, tree[c.parent_id].key))
+        return fit_budget(out, budget)
 
     def done(self, tree: SearchTree) -> bool:
         return self._started and self._outstanding.empty

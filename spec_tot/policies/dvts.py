@@ -15,9 +15,9 @@ scored (the more siblings are in, the likelier the current best stays best).
 
 from __future__ import annotations
 
-from spec_tot.policies._common import check_beam_shape, expandable, rank
+from spec_tot.policies._common import check_beam_shape, rank
 from spec_tot.policies._rounds import RoundPolicy
-from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["DVTS"]
@@ -61,17 +61,6 @@ class DVTS(RoundPolicy):
             scored = [c for c in group if c.status is NodeStatus.SCORED]
             if scored:
                 best = rank(scored, self.score)[0]
-                if expandable(best, self.max_depth):
+                if self.expandable(best):
                     out.append(Expansion(best.id, self.width))
         return out
-
-    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
-        out: list[Candidate] = []
-        for group in self._groups(self._round).values():
-            done = [c for c in group if c.status is NodeStatus.SCORED]
-            if not done:
-                continue
-            best = rank(done, self.score)[0]
-            if best in scored:
-                out.append(Candidate(best.id, self.width, len(group) / self.width))
-        return sorted(out, key=lambda c: -c.utility)

@@ -36,7 +36,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from spec_tot.errors import ConfigError
-from spec_tot.policies._common import allocate, check_nonnegative, expandable, rank, softmax
+from spec_tot.policies._common import allocate, check_nonnegative, rank, softmax
 from spec_tot.policies.base import Expansion
 from spec_tot.policies.rebase import Rebase
 from spec_tot.tree import Node, SearchTree
@@ -146,7 +146,11 @@ class ETS(Rebase):
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         if self.remaining <= 0:
             return []
-        keep = self.kept([c for c in round_nodes if expandable(c, self.max_depth)])
+        keep = self.kept([c for c in round_nodes if self.expandable(c)])
         shares = softmax([self.score(n) for n in keep], self.temperature)
         widths = allocate(shares, self.remaining)
         return [Expansion(n.id, w) for n, w in zip(keep, widths, strict=True) if w > 0]
+
+    def _predict_select(self, tree: SearchTree, nodes: list[Node]) -> list[tuple[Expansion, float]]:
+        # No MILP on a partial round (the kept set can change until all siblings are in).
+        return Rebase._predict_select(self, tree, nodes)

@@ -1,4 +1,4 @@
-"""Monte-Carlo tree search over thoughts: plain UCT, REST-MCTS* and rStar.
+"""Monte-Carlo tree search over thoughts: plain UCT and rStar (REST-MCTS* in ``rest_mcts``).
 
 One iteration = selection -> expansion of the selected leaf with ``width`` children -> (for
 the variants) a rollout -> backup; exactly one iteration is in flight at a time (the DFS
@@ -25,24 +25,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from spec_tot.errors import ConfigError
 from spec_tot.policies._common import (
     Outstanding,
     Vote,
     check_aggregation,
-    check_finite,
     check_nonnegative,
     check_positive,
-    check_range,
     check_vote,
-    expandable,
-    rank,
+    feed_known,
     vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
-__all__ = ["MCTS", "RStarMCTS", "RestMCTS"]
+__all__ = ["MCTS", "RStarMCTS"]
+
+# Candidates one prediction offers at most: further picks of the simulation are ever less
+# likely, and each costs a selection from the root (the prediction runs every loop tick).
+_MAX_CANDIDATES = 6
 
 
 class MCTS(SearchPolicy):
@@ -55,6 +55,7 @@ class MCTS(SearchPolicy):
     """
 
     name = "mcts"
+    _explore_scale = 1.0  # UCT's exploration term: c * sqrt(scale * ln N / n)
 
     def __init__(
         self,
@@ -80,46 +81,94 @@ class MCTS(SearchPolicy):
         self._started = False
         self._finished = False
         self.iterations_run = 0
+        # A shadow (prediction) keeps its statistics here, over the nodes' own, and sees the
+        # known nodes it was fed as scored.
+        self._overlay: dict[str, list[float]] | None = None
+        self._fed: set[str] = set()
 
     # -- statistics -----------------------------------------------------------------------
+    def visits(self, node: Node) -> int:
+        if self._overlay is not None and node.id in self._overlay:
+            return int(self._overlay[node.id][0])
+        return node.visits
+
+    def value_sum(self, node: Node) -> float:
+        if self._overlay is not None and node.id in self._overlay:
+            return self._overlay[node.id][1]
+        return node.value_sum
+
+    def add_stats(self, node: Node, visits: int, value: float) -> None:
+        if self._overlay is None:
+            node.visits += visits
+            node.value_sum += value
+            return
+        entry = self._overlay.setdefault(node.id, [node.visits, node.value_sum])
+        entry[0] += visits
+        entry[1] += value
+
+    def set_value_sum(self, node: Node, value_sum: float) -> None:
+        if self._overlay is None:
+            node.value_sum = value_sum
+        else:
+            self._overlay.setdefault(node.id, [node.visits, node.value_sum])[1] = value_sum
+
     def q(self, node: Node) -> float:
-        return node.value if node.visits else self.score(node)
+        visits = self.visits(node)
+        return self.value_sum(node) / visits if visits else self.score(node)
 
     def explore(self, parent: Node, child: Node) -> float:
-        return self.c * math.sqrt(math.log(max(parent.visits, 1)) / child.visits)
+        log_n = self._explore_scale * math.log(max(self.visits(parent), 1))
+        return self.c * math.sqrt(log_n / self.visits(child))
 
     def uct(self, parent: Node, child: Node) -> float:
-        if child.visits == 0:
+        if self.visits(child) == 0:
             return math.inf
         return self.q(child) + self.explore(parent, child)
 
+    def seen(self, node: Node) -> bool:
+        """Scored; in a shadow also a known node it was fed (its reward may be predicted)."""
+        if node.status is NodeStatus.SCORED:
+            return True
+        return self._predictive and node.id in self._fed and node.known
+
     def best_child(self, parent: Node, kids: Sequence[Node]) -> Node:
-        """The highest UCT; ties: the higher ``q``, then the smaller id path."""
-        return min(kids, key=lambda ch: (-self.uct(parent, ch), -self.q(ch), ch.key))
+        """The highest UCT; ties: the higher ``q``, then the smaller id path. (``uct`` and
+        ``q`` inlined: this runs for every step of every simulated selection.)"""
+        log_n = self._explore_scale * math.log(max(self.visits(parent), 1))
+        best: tuple[float, float, tuple[int, ...]] | None = None
+        chosen = kids[0]
+        for child in kids:
+            visits = self.visits(child)
+            if visits:
+                q = self.value_sum(child) / visits
+                u = q + self.c * math.sqrt(log_n / visits)
+            else:
+                q, u = self.score(child), math.inf
+            rank = (-u, -q, child.key)
+            if best is None or rank < best:
+                best, chosen = rank, child
+        return chosen
 
     def select(self, root: Node) -> list[Node]:
         path = [root]
         node = root
         while True:
-            kids = [c for c in node.children if c.status is NodeStatus.SCORED]
+            kids = [c for c in node.children if self.seen(c)]
             if not kids:
                 return path
             node = self.best_child(node, kids)
             path.append(node)
 
-    @staticmethod
-    def backup(path: Sequence[Node], reward: float, visits: int = 1) -> None:
+    def backup(self, path: Sequence[Node], reward: float, visits: int = 1) -> None:
         for node in path:
-            node.visits += visits
-            node.value_sum += reward
+            self.add_stats(node, visits, reward)
 
     # -- variant hooks --------------------------------------------------------------------
     def _expanded(self, tree: SearchTree, kids: list[Node]) -> Expansion | None:
         """All children of ``self._path[-1]`` are resolved; ``kids`` are the scored ones.
         Returns a rollout continuation, or ``None`` when the iteration is over."""
         for kid in kids:
-            kid.visits += 1
-            kid.value_sum += self.score(kid)
+            self.add_stats(kid, 1, self.score(kid))
         if kids:
             self.backup(self._path, sum(self.score(k) for k in kids), visits=len(kids))
         else:
@@ -146,7 +195,7 @@ class MCTS(SearchPolicy):
         if not self._outstanding.pop_complete():
             return []  # wait for every child of the expansion
         parent = self._path[-1]
-        kids = [c for c in parent.children if c.status is NodeStatus.SCORED]
+        kids = [c for c in parent.children if self.seen(c)]
         nxt = self._expanded(tree, kids)
         if nxt is not None:
             return self._commit(nxt)
@@ -162,7 +211,7 @@ class MCTS(SearchPolicy):
             path = self.select(tree.root)
             self.iterations_run += 1
             leaf = path[-1]
-            if expandable(leaf, self.max_depth):
+            if self.expandable(leaf):
                 self._path = path
                 return self._commit(Expansion(leaf.id, self.width))
             if leaf is tree.root:
@@ -173,29 +222,52 @@ class MCTS(SearchPolicy):
         return []
 
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        """SPEX T1 for DFS: a shadow of this policy runs forward on the known nodes (fed as
+        scored, pending rewards predicted), through the in-flight expansion and any chain of
+        speculative expansions whose children are all known, until it needs an expansion
+        whose children are not: that leaf is a candidate if it can start. Then the shadow's
+        path takes a virtual loss (a visit worth 0) and a fresh selection goes on, up to
+        ``budget`` children. Statistics live in the shadow's overlay: no tree copy."""
         if budget <= 0 or self._finished or not self._started:
             return []
-        snap = tree.snapshot()
-        for node in self._path:  # the in-flight iteration, as a pessimistic visit
-            snap[node.id].visits += 1
+        shadow = self.shadow()
         out: list[Candidate] = []
         left = budget
-        for _ in range(4 * budget + 4):  # bounded: skipped picks still take a virtual loss
-            path = self.select(snap.root)
-            leaf = path[-1]
-            if expandable(leaf, self.max_depth) and all(c.parent_id != leaf.id for c in out):
-                parent = path[-2] if len(path) > 1 else leaf
-                util = self.q(leaf) + self.c * math.sqrt(
-                    math.log(parent.visits + 1) / (leaf.visits + 1)
-                )
-                out.append(Candidate(leaf.id, min(self.width, left), util))
-                left -= out[-1].width
-                if left <= 0:
+        wanted = min(_MAX_CANDIDATES, -(-budget // self.width))
+        for _ in range(3 * wanted + 3):  # bounded: blocked picks still take a virtual loss
+            if shadow._finished:
+                break
+            step = feed_known(
+                shadow._outstanding, shadow._fed, tree, shadow.on_reward, partial=True
+            )
+            if step is None:
+                break
+            node, width, guessed = step
+            room = min(startable_width(node, width), left)
+            if room > 0 and all(c.parent_id != node.id for c in out):
+                utility = (0.5 if guessed else 1.0) / (1 + len(out))
+                out.append(Candidate(node.id, room, utility))
+                left -= room
+                if left <= 0 or len(out) >= wanted:
                     break
-            elif len(path) == 1:
-                break  # the root itself is blocked: no selection can go anywhere
-            self.backup(path, 0.0)
+            shadow._virtual_loss()
+            shadow._run(tree)
         return out
+
+    def _copy_state(self) -> None:
+        self._outstanding = Outstanding(
+            dict(self._outstanding.pending),
+            {k: set(v) for k, v in self._outstanding.received.items()},
+        )
+        self._path = list(self._path)
+        self._overlay = {}
+        self._fed = set()
+
+    def _virtual_loss(self) -> None:
+        """(A shadow.) Abandon the iteration in flight: its path takes a visit worth 0."""
+        self.backup(self._path, 0.0)
+        self._outstanding = Outstanding()
+        self._path = []
 
     def done(self, tree: SearchTree) -> bool:
         return self._finished
@@ -236,113 +308,7 @@ class RStarMCTS(MCTS):
         if nxt.terminal:
             self.backup(self._path, self.score(nxt))
             return None
-        if expandable(nxt, self.max_depth):
+        if self.expandable(nxt):
             return Expansion(nxt.id, self.width)  # the rollout goes on (same iteration)
         self.backup(self._path, 0.0)
         return None
-
-
-class RestMCTS(MCTS):
-    """REST-MCTS* (Zhang et al. 2024, "ReST-MCTS*: LLM Self-Training via Process Reward
-    Guided Tree Search"; THUDM/ReST-MCTS ``MCTS/mcts.py``). ``V`` is the weighted quality
-    value: a new node's ``V`` is its reward; ``UCT = V + c * sqrt(2 ln N_parent / n)``.
-
-    After the selected leaf ``L`` is expanded, the roll node ``R`` = the best child by UCT
-    (all unvisited: the best-scored) is rolled out greedily for up to ``rollout_depth`` steps:
-    expand with ``width``, follow the best-scored child, stop at a terminal; ``r`` = the best
-    reward seen (``V(R)`` if no step ran). Then ``V(R) <- (1 - alpha) V(R) + alpha r`` and
-    ``n(R) += 1``; backup from ``L`` to the root: ``n += 1`` and, where visited children
-    exist, ``V = sum(V_c n_c) / sum(n_c)``. Rollout nodes stay in the tree (a later
-    selection reuses them). The search stops as soon as a terminal SCORED node has
-    ``V >= end_gate`` (it is the answer); otherwise the answer is the best terminal by ``V``.
-    """
-
-    name = "rest_mcts"
-
-    def __init__(
-        self,
-        width: int = 4,
-        c: float = 0.5,
-        alpha: float = 0.5,
-        end_gate: float = 0.9,
-        rollout_depth: int = 2,
-        iterations: int = 40,
-        max_depth: int = 40,
-        aggregation: str = "last",
-    ) -> None:
-        super().__init__(width, c, iterations, max_depth, aggregation, "best")
-        check_range("alpha", alpha, 0.0, 1.0)
-        check_finite("end_gate", end_gate)
-        if isinstance(rollout_depth, bool) or not isinstance(rollout_depth, int):
-            raise ConfigError("rollout_depth", f"must be an integer, got {rollout_depth!r}")
-        check_nonnegative("rollout_depth", rollout_depth)
-        self.alpha = float(alpha)
-        self.end_gate = float(end_gate)
-        self.rollout_depth = rollout_depth
-        self._roll: Node | None = None
-        self._best = -math.inf
-        self._steps = 0
-        self._leaf_len = 0  # length of the selected path while its rollout runs
-        self.solution: Node | None = None
-
-    def explore(self, parent: Node, child: Node) -> float:
-        return self.c * math.sqrt(2 * math.log(max(parent.visits, 1)) / child.visits)
-
-    def _set_v(self, node: Node, v: float) -> None:
-        node.value_sum = v * node.visits
-
-    def _backprop(self, path: list[Node]) -> None:
-        for node in reversed(path):
-            v = self.q(node)
-            node.visits += 1
-            seen = [c for c in node.children if c.status is NodeStatus.SCORED and c.visits]
-            total = sum(c.visits for c in seen)
-            self._set_v(node, sum(self.q(c) * c.visits for c in seen) / total if total else v)
-
-    def _finish_rollout(self) -> None:
-        roll = self._roll
-        assert roll is not None  # only called while a rollout is open
-        v = self.q(roll)
-        r = self._best if self._best > -math.inf else v
-        roll.visits += 1
-        self._set_v(roll, (1 - self.alpha) * v + self.alpha * r)
-        self._roll = None
-        self._path = self._path[: self._leaf_len]
-        self._backprop(self._path)
-
-    def _expanded(self, tree: SearchTree, kids: list[Node]) -> Expansion | None:
-        if self._roll is None:  # the selected leaf's expansion came back
-            if not kids:
-                self._backprop(self._path)
-                return None
-            self._leaf_len = len(self._path)
-            leaf = self._path[-1]
-            self._roll = self.best_child(leaf, kids)
-            self._best, self._steps, cur = -math.inf, 0, self._roll
-        else:  # a greedy rollout step came back
-            self._steps += 1
-            if not kids:
-                self._finish_rollout()
-                return None
-            cur = rank(kids, self.score)[0]
-            self._best = max(self._best, self.score(cur))
-        if cur.terminal or self._steps >= self.rollout_depth or not expandable(cur, self.max_depth):
-            self._finish_rollout()
-            return None
-        self._path.append(cur)  # so that on_reward finds the rollout step's parent
-        return Expansion(cur.id, self.width)
-
-    def _dead_end(self, path: list[Node]) -> None:
-        self._backprop(path)
-
-    def _stop(self, tree: SearchTree) -> bool:
-        gated = [n for n in tree.terminals() if self.q(n) >= self.end_gate]
-        if gated:
-            self.solution = rank(gated, self.q)[0]
-        return self.solution is not None
-
-    def answer(self, tree: SearchTree) -> Answer | None:
-        if self.solution is not None:
-            node = self.solution
-            return Answer(node.answer, node.id, self.q(node), {})
-        return vote_answer(tree.terminals(), "best", self.q)

@@ -20,12 +20,11 @@ from spec_tot.policies._common import (
     allocate,
     check_positive,
     check_positive_float,
-    expandable,
     rank,
     softmax,
 )
 from spec_tot.policies._rounds import RoundPolicy
-from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["Rebase"]
@@ -65,11 +64,12 @@ class Rebase(RoundPolicy):
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         if self.remaining <= 0:
             return []
-        active = [c for c in round_nodes if expandable(c, self.max_depth)]
+        active = [c for c in round_nodes if self.expandable(c)]
         return [Expansion(n.id, w) for n, w, _ in self.allocation(active) if w > 0]
 
-    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
+    def _predict_select(self, tree: SearchTree, nodes: list[Node]) -> list[tuple[Expansion, float]]:
+        """REBASE's own rule on the (partly predicted) round; utility ``p_i``."""
         if self.remaining <= 0:
             return []
-        cands = [Candidate(n.id, w, p) for n, w, p in self.allocation(scored) if w > 0]
-        return sorted(cands, key=lambda c: -c.utility)
+        active = [c for c in nodes if self.expandable(c)]
+        return [(Expansion(n.id, w), p) for n, w, p in self.allocation(active) if w > 0]

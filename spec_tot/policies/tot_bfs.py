@@ -9,9 +9,9 @@ of the unfinished level with utility ``(breadth - rank) / breadth``.
 
 from __future__ import annotations
 
-from spec_tot.policies._common import check_positive, expandable, rank
+from spec_tot.policies._common import check_positive, rank
 from spec_tot.policies._rounds import RoundPolicy
-from spec_tot.policies.base import Candidate, Expansion
+from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["ToTBFS"]
@@ -43,15 +43,4 @@ class ToTBFS(RoundPolicy):
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         scored = [c for c in round_nodes if c.status is NodeStatus.SCORED]
         kept = rank(scored, self.score)[: self.breadth]
-        return [Expansion(c.id, self.width) for c in kept if expandable(c, self.max_depth)]
-
-    def _speculate(self, tree: SearchTree, scored: list[Node]) -> list[Candidate]:
-        # Terminal states of the level also compete for the ``breadth`` slots.
-        level = [c for c in self._round if c.status is NodeStatus.SCORED]
-        kept = rank(level, self.score)[: self.breadth]
-        ok = {c.id for c in scored}
-        return [
-            Candidate(c.id, self.width, (self.breadth - r) / self.breadth)
-            for r, c in enumerate(kept)
-            if c.id in ok
-        ]
+        return [Expansion(c.id, self.width) for c in kept if self.expandable(c)]

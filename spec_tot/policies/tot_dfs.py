@@ -24,12 +24,11 @@ from spec_tot.policies._common import (
     check_finite,
     check_positive,
     check_vote,
-    expandable,
-    fit_budget,
+    feed_known,
     rank,
     vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["ToTDFS"]
@@ -67,9 +66,15 @@ class ToTDFS(SearchPolicy):
         self._finished = False
         self.backtracks = 0
         self.found: Node | None = None
+        self._fed: set[str] = set()  # a shadow's known nodes, seen as scored
+
+    def seen(self, node: Node) -> bool:
+        if node.status is NodeStatus.SCORED:
+            return True
+        return self._predictive and node.id in self._fed and node.known
 
     def _good(self, nodes: Sequence[Node]) -> list[Node]:
-        scored = [c for c in nodes if c.status is NodeStatus.SCORED]
+        scored = [c for c in nodes if self.seen(c)]
         return [c for c in rank(scored, self.score) if self.score(c) >= self.threshold]
 
     def initial(self, tree: SearchTree) -> list[Expansion]:
@@ -91,7 +96,7 @@ class ToTDFS(SearchPolicy):
             self.found = hits[0]
             self._finished = True
             return []
-        self._stack.append([c for c in good if expandable(c, self.max_depth)])
+        self._stack.append([c for c in good if self.expandable(c)])
         return self._advance()
 
     def _advance(self) -> list[Expansion]:
@@ -99,7 +104,7 @@ class ToTDFS(SearchPolicy):
             frame = self._stack[-1]
             while frame:
                 node = frame.pop(0)
-                if expandable(node, self.max_depth):  # may have been pruned meanwhile
+                if self.expandable(node):  # may have been pruned meanwhile
                     return self._expand(node)
             self._stack.pop()
             self.backtracks += 1
@@ -115,13 +120,41 @@ class ToTDFS(SearchPolicy):
         return out
 
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]:
+        """A shadow runs DFS forward on the known nodes (pending rewards predicted) to the
+        first expansion whose children are not all known: a candidate if it can start.
+        Then, as if that subtree dead-ended, the shadow backtracks to what DFS would try
+        next, up to ``budget`` children."""
         if budget <= 0 or self._finished or self._current is None:
             return []
-        now = [c for c in self._good(self._current.children) if expandable(c, self.max_depth)]
-        cands = [Candidate(c.id, self.width, 1.0 / (1 + r)) for r, c in enumerate(now)]
-        later = [c for c in self._stack[-1] if expandable(c, self.max_depth)] if self._stack else []
-        cands += [Candidate(c.id, self.width, 0.5 / (1 + r)) for r, c in enumerate(later)]
-        return fit_budget(cands, budget)
+        shadow = self.shadow()
+        out: list[Candidate] = []
+        left = budget
+        for _ in range(4 * budget + 4):
+            step = feed_known(
+                shadow._outstanding, shadow._fed, tree, shadow.on_reward, partial=True
+            )
+            if step is None or shadow._finished:
+                break
+            node, width, _ = step
+            room = min(startable_width(node, width), left)
+            if room > 0 and all(c.parent_id != node.id for c in out):
+                out.append(Candidate(node.id, room, 1.0 / (1 + len(out))))
+                left -= room
+                if left <= 0:
+                    break
+            shadow._outstanding = Outstanding()
+            shadow._current = None
+            shadow._stack.append([])  # a dead end: DFS backtracks from here
+            shadow._advance()
+        return out
+
+    def _copy_state(self) -> None:
+        self._outstanding = Outstanding(
+            dict(self._outstanding.pending),
+            {k: set(v) for k, v in self._outstanding.received.items()},
+        )
+        self._stack = [list(frame) for frame in self._stack]
+        self._fed = set()
 
     def done(self, tree: SearchTree) -> bool:
         return self._finished

@@ -1,0 +1,126 @@
+"""Running reward batches: one scorer call per group of items, each item's score checked
+and handed back alone. A call shared by several queries that fails, or runs far longer than
+calls do (a hanging scorer), is split: each query is scored alone, so only the query whose
+items are bad waits or fails (a hanging call is cancelled once nobody waits for it)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from spec_tot.errors import ExecutionError
+from spec_tot.executor.batching import Pending
+from spec_tot.executor.scores import call_scorer, check_score, score_range
+from spec_tot.metrics import MetricsRecorder
+
+__all__ = ["ScoreCalls"]
+
+# A shared call that runs longer than this many times a typical call (and at least
+# _MIN_HANG_S, at most a quarter of the shortest deadline among its queries) is split.
+_HANG_FACTOR = 8.0
+_MIN_HANG_S = 0.05
+
+QueryInfo = Callable[[str], "tuple[MetricsRecorder, float | None] | None"]
+
+
+class ScoreCalls:
+    def __init__(self, query_info: QueryInfo) -> None:
+        """``query_info(query_id)``: the query's metrics recorder and deadline, or None once
+        it has ended."""
+        self._query_info = query_info
+        self._calls: dict[asyncio.Task[list[Any]], list[Pending]] = {}
+        self._latency: float | None = None  # moving average of a call's latency
+
+    def forget(self, query_id: str) -> None:
+        """``query_id`` ended: its items' futures are cancelled, and a call that nobody waits
+        for any more (a hanging scorer of a timed-out query) is cancelled."""
+        for call, items in list(self._calls.items()):
+            for p in items:
+                if p.query_id == query_id:
+                    p.future.cancel()
+            if all(p.future.done() for p in items):
+                call.cancel()
+
+    async def run(self, pending: list[Pending]) -> None:
+        groups: dict[int, list[Pending]] = {}
+        for entry in pending:
+            groups.setdefault(id(entry.scorer), []).append(entry)
+        if len(groups) == 1:
+            await self._score_group(pending)
+        else:  # one slow scorer must not hold another's items
+            await asyncio.gather(*(self._score_group(g) for g in groups.values()))
+
+    async def _score_group(self, group: list[Pending]) -> None:
+        """Score ``group`` (one scorer) in one call. A call shared by several queries that
+        fails, or runs far longer than calls do (a hanging scorer), is split: each query
+        is scored alone, so only the query whose items are bad waits or fails."""
+        live = [p for p in group if not p.future.done()]
+        if not live:
+            return
+        queries = sorted({p.query_id for p in live})
+        self._record(live)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        call = loop.create_task(call_scorer(live[0].scorer, [p.item for p in live]))
+        self._calls[call] = live
+        try:
+            if len(queries) > 1:
+                done, _ = await asyncio.wait({call}, timeout=self._hang_after(queries))
+                if not done or call.exception() is not None:
+                    await self._split(live, queries)
+                    return
+            scores = await call
+        except asyncio.CancelledError:
+            if call.cancelled() and not _cancelling():
+                return  # every item's query ended (``forget``): nobody waits
+            raise
+        except Exception as exc:
+            for p in live:
+                if not p.future.done():
+                    error = ExecutionError(
+                        f"reward node {p.node_name!r}: {type(exc).__name__}: {exc}"
+                    )
+                    p.future.set_exception(error)
+            return
+        finally:
+            self._calls.pop(call, None)
+            if not call.done():
+                call.cancel()  # its items were scored apart (or their queries ended)
+        elapsed = loop.time() - started
+        self._latency = elapsed if self._latency is None else 0.8 * self._latency + 0.2 * elapsed
+        for p, value in zip(live, scores, strict=True):
+            if p.future.done():
+                continue
+            try:
+                p.future.set_result(check_score(value, p.item, score_range(p.scorer)))
+            except ValueError as exc:
+                p.future.set_exception(ExecutionError(f"reward node {p.node_name!r}: {exc}"))
+
+    async def _split(self, live: list[Pending], queries: list[str]) -> None:
+        await asyncio.gather(
+            *(self._score_group([p for p in live if p.query_id == q]) for q in queries)
+        )
+
+    def _hang_after(self, queries: list[str]) -> float:
+        """How long a shared call may run before its items are scored per query: well past
+        what calls take, and well within the queries' own deadlines."""
+        limit = max(_MIN_HANG_S, _HANG_FACTOR * (self._latency or 0.0))
+        infos = [self._query_info(qid) for qid in queries]
+        deadlines = [i[1] for i in infos if i is not None and i[1] is not None]
+        return min(limit, min(deadlines) / 4) if deadlines else limit
+
+    def _record(self, live: list[Pending]) -> None:
+        """One reward call in the metrics of each run that has items in it."""
+        by_recorder: dict[int, tuple[MetricsRecorder, list[Pending]]] = {}
+        for p in live:
+            info = self._query_info(p.query_id)
+            if info is not None:
+                by_recorder.setdefault(id(info[0]), (info[0], []))[1].append(p)
+        for recorder, items in by_recorder.values():
+            recorder.reward_call(len(items), sum(p.tokens for p in items))
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

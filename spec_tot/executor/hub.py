@@ -1,0 +1,100 @@
+"""What every app, batch and concurrent call on one backend share in this process: the
+query ids in use on it, its speculation budget (SPEX T2) and, per event loop, its reward
+router. ``hub_for(backend)`` gives the one hub of a backend (kept on the backend object).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import weakref
+from collections.abc import Iterable
+
+from spec_tot.backends import GenerationBackend
+from spec_tot.errors import ConfigError
+from spec_tot.executor.budget import SpeculationBudget
+from spec_tot.executor.rewards import RewardRouter
+from spec_tot.executor.seeds import seed_key
+from spec_tot.nodes import State
+
+__all__ = ["BackendHub", "QueryInput", "hub_for"]
+
+_ATTRIBUTE = "_spec_tot_hub"
+
+
+class QueryInput:
+    """One query's input state (with its reserved ``query_id``) and seed key."""
+
+    __slots__ = ("query_id", "seed_key", "state")
+
+    def __init__(self, state: State, key: str) -> None:
+        self.state = state
+        self.seed_key = key
+        self.query_id = str(state["query_id"])
+
+
+class BackendHub:
+    def __init__(self, backend: GenerationBackend) -> None:
+        self.backend = backend
+        self.budget = SpeculationBudget(
+            backend.capabilities.saturation_batch, load=backend.reported_load
+        )
+        self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RewardRouter] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.active: set[str] = set()  # query ids running (or queued) on the backend
+        self._ids = itertools.count()
+
+    def router(self) -> RewardRouter:
+        """The reward router of the running event loop (one per loop: it holds futures)."""
+        loop = asyncio.get_running_loop()
+        router = self._routers.get(loop)
+        if router is None:
+            router = self._routers[loop] = RewardRouter()
+        return router
+
+    def reserve(self, states: list[State]) -> list[QueryInput]:
+        """Check explicit query ids (unique, no '/', not running on this backend) and give
+        the others ``q<n>`` ids that collide with none; reserve them all, before any query
+        starts. Seeds derive from the explicit id, else from the input (never ``q<n>``)."""
+        explicit = [s["query_id"] for s in states if s.get("query_id") is not None]
+        for qid in explicit:
+            if not isinstance(qid, str) or not qid or "/" in qid:
+                raise ConfigError("query_id", f"must be a non-empty string without '/': {qid!r}")
+            if qid in self.active:
+                raise ConfigError("query_id", f"{qid!r} is already running on this backend")
+        if len(set(explicit)) != len(explicit):
+            raise ConfigError("query_id", "query ids in one batch must be unique")
+        taken = set(explicit) | self.active
+        out = []
+        for state in states:
+            qid = state.get("query_id")
+            key = seed_key(state, qid)
+            if qid is None:
+                qid = f"q{next(self._ids)}"
+                while qid in taken:
+                    qid = f"q{next(self._ids)}"
+                taken.add(qid)
+                state = {**state, "query_id": qid}
+            out.append(QueryInput(state, key))
+        self.active.update(q.query_id for q in out)
+        return out
+
+    def release(self, query_ids: Iterable[str]) -> None:
+        self.active.difference_update(query_ids)
+
+
+def hub_for(backend: GenerationBackend) -> BackendHub:
+    """The hub of ``backend``, created on first use and kept on the backend object."""
+    hub = getattr(backend, _ATTRIBUTE, None)
+    if not isinstance(hub, BackendHub):
+        hub = BackendHub(backend)
+        try:
+            setattr(backend, _ATTRIBUTE, hub)
+        except AttributeError as exc:  # a backend class with __slots__ and no __dict__
+            raise ConfigError(
+                "backend",
+                f"{type(backend).__name__} cannot hold its shared speculation budget: "
+                "give the class a __dict__ (drop __slots__)",
+            ) from exc
+    return hub

@@ -1,0 +1,171 @@
+"""Bad rewards fail only their query: NaN, infinities, strings, bools, wrong lengths,
+out-of-range scores, raising and hanging scorers, in baseline and every speculative mode.
+The other queries finish with the answers they get with a good scorer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from spec_helpers import (
+    MODES,
+    LatencyBackend,
+    fingerprint,
+    make_app,
+    prompt,
+    route,
+    tick_fn,
+)
+
+from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
+from spec_tot.backends import RewardBackend
+from spec_tot.executor.scores import check_score
+from spec_tot.graph import END, START, ThoughtGraph
+from spec_tot.requests import RewardItem
+
+BAD = "puzzle bad"
+QUERIES = [
+    {"question": "puzzle a", "query_id": "a"},
+    {"question": BAD, "query_id": "bad"},
+    {"question": "puzzle b", "query_id": "b"},
+]
+
+
+class Scorer:
+    """The scripted backend's scores, except for items of the bad question."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.reference = ScriptedBackend(ScriptedConfig(seed=4))
+        self.hung: list[asyncio.Event] = []
+
+    def good(self, item: RewardItem) -> tuple[float, ...]:
+        score = self.reference.step_score
+        return tuple(score(item.question, item.steps[: i + 1]) for i in range(len(item.steps)))
+
+    def bad(self, item: RewardItem) -> Any:
+        n = len(item.steps)
+        return {
+            "nan": float("nan"),
+            "inf": (float("inf"),) * n,
+            "-inf": float("-inf"),
+            "string": "12",
+            "bool": True,
+            "too_long": (0.5,) * (n + 1),
+            "empty": (),
+            "none": None,
+        }[self.kind]
+
+    async def __call__(self, items: Sequence[RewardItem]) -> list[Any]:
+        if any(i.question == BAD for i in items):
+            if self.kind == "raise":
+                raise RuntimeError("the scorer broke on the bad question")
+            if self.kind == "hang":
+                never = asyncio.Event()
+                self.hung.append(never)
+                await never.wait()
+            if self.kind == "count":
+                return [self.good(i) for i in items][:-1]
+        return [self.bad(i) if i.question == BAD else self.good(i) for i in items]
+
+
+def _graph(scorer: Any) -> ThoughtGraph:
+    g = ThoughtGraph()
+    g.add_thought("t", prompt)
+    g.add_reward("judge", scorer)
+    g.add_edge(START, "t")
+    g.add_edge("t", "judge")
+    g.add_conditional_edges("judge", route, {"more": "t", "done": END})
+    return g
+
+
+async def _run(mode: str, scorer: Any, timeout: float | None = None) -> dict[str, Any]:
+    backend = LatencyBackend(
+        ScriptedConfig(seed=4, depth=3, straggler_rate=0.3), tick_fn(2, 12), tick_fn(3, 2)
+    )
+    app = make_app(
+        backend,
+        "beam",
+        mode,
+        graph=_graph(scorer),
+        params={"n": 4, "width": 2, "max_depth": 4},
+        query_timeout_s=timeout,
+    )
+    batch = await app.arun_batch(QUERIES)
+    assert backend.num_inflight == 0
+    return {r.query_id: r for r in batch.results}
+
+
+KINDS = ["nan", "inf", "-inf", "string", "bool", "too_long", "empty", "none", "raise", "count"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_bad_score_fails_only_its_query_in_every_mode(kind: str) -> None:
+    want = {q: fingerprint(r) for q, r in (await _run("baseline", Scorer("good"))).items()}
+    for mode in MODES:
+        got = await _run(mode, Scorer(kind))
+        bad = got["bad"]
+        assert bad.status == "failed", (mode, bad.status)
+        assert bad.errors and all("reward node 'judge'" in e for e in bad.errors), bad.errors
+        for qid in ("a", "b"):
+            assert got[qid].status == "ok", (mode, qid, got[qid].errors)
+            assert fingerprint(got[qid]) == want[qid], (mode, qid)
+
+
+async def test_a_hanging_scorer_holds_only_its_query_in_every_mode() -> None:
+    """Shared reward batches that hang are split per query long before the good queries'
+    deadline: only the bad query times out."""
+    want = {q: fingerprint(r) for q, r in (await _run("baseline", Scorer("good"))).items()}
+    for mode in MODES:
+        scorer = Scorer("hang")
+        got = await _run(mode, scorer, timeout=0.6)
+        assert got["bad"].status == "timeout", (mode, got["bad"].status)
+        for qid in ("a", "b"):
+            assert got[qid].status == "ok", (mode, qid, got[qid].errors)
+            assert fingerprint(got[qid]) == want[qid], (mode, qid)
+        assert scorer.hung  # the bad batch really hung
+
+
+class RangedPrm(RewardBackend):
+    """A reward backend that states its range, and breaks it for the bad question."""
+
+    score_range = (0.0, 1.0)
+
+    def __init__(self) -> None:
+        self.inner = Scorer("good")
+
+    async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
+        return [(1.5,) * len(i.steps) if i.question == BAD else self.inner.good(i) for i in items]
+
+
+@pytest.mark.parametrize("mode", ["baseline", "full"])
+async def test_a_score_outside_the_backends_range_fails_only_its_query(mode: str) -> None:
+    got = await _run(mode, RangedPrm())
+    assert got["bad"].status == "failed"
+    assert any("outside the scorer's range" in e for e in got["bad"].errors)
+    assert got["a"].status == got["b"].status == "ok"
+
+
+def test_check_score_accepts_real_numbers_and_names_what_is_wrong() -> None:
+    item = RewardItem("q/0/1", "question", ("s1", "s2"))
+    assert check_score(0.5, item, None) == (0.5,)
+    assert check_score((0.1, 0.9), item, (0.0, 1.0)) == (0.1, 0.9)
+    assert check_score([1], item, None) == (1.0,)  # one score for the trace
+    import numpy as np
+
+    assert check_score(np.float32(0.25), item, None) == (0.25,)
+    assert check_score(np.array([0.5, 0.5]), item, None) == (0.5, 0.5)
+    for bad, words in (
+        ("12", "string"),
+        (True, "not a real number"),
+        (float("nan"), "not finite"),
+        ((0.1, 0.2, 0.3), "3 scores for q/0/1"),
+        ((0.1, "x"), "not a real number"),
+        (None, "not a real number"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            check_score(bad, item, None)
+    with pytest.raises(ValueError, match="outside"):
+        check_score(-0.1, item, (0.0, 1.0))
