@@ -220,8 +220,16 @@ _generate = st.fixed_dictionaries(
     },
 )
 _classify = st.fixed_dictionaries(
-    {}, optional={"text": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=20),
-                                                                     max_size=3), _value)}
+    {},
+    optional={
+        "text": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=20), max_size=3),
+                          _value),
+        "input_ids": st.one_of(st.lists(st.integers(-3, 140), max_size=6),
+                               st.lists(st.lists(st.integers(-3, 140), max_size=4), max_size=3),
+                               _value),
+        "rid": st.one_of(st.text(max_size=5), _value),
+        "sampling_params": _value,
+    },
 )  # fmt: skip
 _abort = st.fixed_dictionaries({}, optional={"rid": _value, "abort_all": _value})
 _bodies = st.one_of(

@@ -3,20 +3,21 @@
 ``srt/managers/io_struct.py`` ``EmbeddingReqInput``, reply built in
 ``srt/managers/tokenizer_manager.py`` ``_handle_batch_output``).
 
-Body: ``text`` (one string or a list) or ``input_ids`` (one list of token ids or a list of
-them), ``rid`` (a string, or one per prompt; a batch expands one string to ``{rid}_{i}``),
-``sampling_params`` (accepted and unused, as in SGLang, which sets ``max_new_tokens`` to 0
-itself), ``priority``, ``log_metrics``, ``routing_key``; the multimodal, LoRA and pooling
-options only at their no-op defaults. One prompt answers ``{"embedding": [reward],
-"meta_info": {"id", "finish_reason": {"type": "length", "length": 0}, "prompt_tokens",
-"weight_version", "num_retractions"}}``; a batch answers a list of those in order.
+Body: ``text`` (one string or a list) or ``input_ids`` (one list of the reward model's
+token ids or a list of them), ``rid`` (a string, or one per prompt; a batch expands one
+string to ``{rid}_{i}``), ``sampling_params`` (accepted and unused, as in SGLang, which sets
+``max_new_tokens`` to 0 itself), ``priority``, ``log_metrics``, ``routing_key``; the
+multimodal, LoRA and pooling options only at their no-op defaults. One prompt answers
+``{"embedding": [reward], "meta_info": {"id", "finish_reason": {"type": "length", "length":
+0}, "prompt_tokens", "weight_version", "num_retractions"}}``; a batch answers a list of
+those in order.
 
 The reward is the PRM's ``logit(good) - logit(bad)`` at the text's last step tag (a raw
 logit, as a reward head gives; ``sigmoid`` of it is the step score), so any text can be
 scored. A text that holds no step tag is read in the layout of a step-by-step answer: its
-first line is the question and every later line one step, each followed by the
-tag (the Math-Shepherd layout the PRM was trained on), which is how spec-tot's SGLang adapter
-sends ``{question}\\n{steps}``. A text already tagged is scored as given (the tag appended at
+first line is the question and every later line one step, each followed by the tag (the
+Math-Shepherd layout the PRM was trained on), which is how spec-tot's SGLang adapter sends
+``{question}\\n{steps}``. A text already tagged is scored as given (the tag appended at
 its end if missing); token ids likewise (the tag's ids appended unless they end with them).
 Every length is checked before any tokenising or allocation: a bad one is a 400 naming it.
 """
