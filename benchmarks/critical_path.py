@@ -45,6 +45,11 @@ class Costs:
     def best_token_s(self) -> float:
         return min(t / b for b, t in self.step_s.items())
 
+    def nearly_free_batch(self, factor: float = 1.25) -> int:
+        """The largest measured batch whose step costs at most ``factor`` x batch 1's."""
+        one = self.step_s[min(self.step_s)]
+        return max(b for b, t in self.step_s.items() if t <= factor * one)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "step_s": {str(b): t for b, t in self.step_s.items()},

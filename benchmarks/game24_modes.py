@@ -60,6 +60,13 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--ablation", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="beam, 2 queries, conc. 1, seed 0")
+    parser.add_argument(
+        "--saturation",
+        choices=("engine", "curve"),
+        default="engine",
+        help="the T2 capacity: the engine's own calibration, or the largest batch whose "
+        "measured full step time is within 1.25x batch 1's (where speculation is nearly free)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
@@ -80,13 +87,15 @@ async def _run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], Costs]:
     }
     probe = create_local(**common)
     saturation = probe.capabilities.saturation_batch  # measured once, shared by all runs
+    costs = await measure_costs(probe)
     await probe.aclose()
+    if args.saturation == "curve":
+        saturation = costs.nearly_free_batch()
+    print("costs:", json.dumps(costs.to_dict()), "saturation_batch:", saturation, flush=True)
     engines = {
         dedup: create_local(**common, enable_dedup=dedup, saturation_batch=saturation)
         for dedup in (False, True)
     }
-    costs = await measure_costs(engines[False])
-    print("costs:", json.dumps(costs.to_dict()), flush=True)
     variants: list[tuple[str, str, dict[str, Any]]] = [
         (m, m, {}) for m in args.modes.split(",") if m
     ]

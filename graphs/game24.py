@@ -44,12 +44,16 @@ def _prompt(state: State) -> str:
 
 
 def _parse(state: State, text: str) -> dict[str, Any]:
-    return {"steps": [*state["steps"], text.strip()]}
+    """Append the step, and keep the numbers it leaves (None once a step is illegal) in
+    ``left``, so that the router never re-parses the whole trace."""
+    step = text.strip()
+    before = state["left"] if "left" in state else task.parse_numbers(state["question"])
+    left = task.apply_step(before, step) if before is not None else None
+    return {"steps": [*state["steps"], step], "left": left}
 
 
 def _route(state: State) -> str:
-    steps = state["steps"]
-    if len(steps) >= 3 or task.remaining_numbers(state["question"], steps) is None:
+    if len(state["steps"]) >= 3 or state.get("left") is None:
         return "end"
     return "next"
 

@@ -127,6 +127,8 @@ def _operand(x: Fraction) -> str:
 
 def _value(text: str) -> Fraction | None:
     text = text.strip()
+    if text.isdigit():  # the common case, without Fraction's string parsing
+        return Fraction(int(text))
     if text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
     if not _NUM_RE.match(text):
@@ -144,6 +146,8 @@ def parse_numbers(numbers: NumbersLike, field: str = "puzzle") -> Numbers:
         if not values or any(v is None for v in values):
             raise ConfigError(field, f"expected space-separated numbers, got {numbers!r}")
         return tuple(v for v in values if v is not None)
+    if all(type(x) is Fraction for x in numbers):
+        return tuple(numbers)  # already exact: no new Fraction objects
     return tuple(Fraction(x) for x in numbers)
 
 

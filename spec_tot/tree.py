@@ -153,8 +153,8 @@ class Node:
 
 
 class SearchTree:
-    """All nodes of one query. ``snapshot()`` copies the statistics cheaply so that SPEX can
-    simulate selections (visits, virtual losses) without touching the real tree."""
+    """All nodes of one query. ``snapshot()`` is a structural copy (statistics included) for
+    callers that want to experiment on a tree without touching it."""
 
     def __init__(self, query_id: str, question: str, state: dict[str, Any] | None = None) -> None:
         if not query_id or "/" in query_id:

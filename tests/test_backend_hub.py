@@ -127,3 +127,17 @@ async def test_one_reward_router_per_event_loop() -> None:
 
     theirs = await asyncio.to_thread(other_loop)
     assert theirs is not mine
+
+
+def test_allowance_says_whether_a_prediction_could_be_granted_and_changes_nothing() -> None:
+    budget = SpeculationBudget(capacity=4)
+    for q in "abcdefgh":
+        budget.grant(q, 0, 1.0 if q == "a" else 0.1, 0.05)
+    before = dict(budget.demand)
+    assert budget.allowance("a", 0.05) >= 1  # the most useful query
+    assert budget.allowance("h", 0.05) == 0  # many queries, little room: skip predicting
+    assert budget.allowance("new", 0.05) >= 1  # a newcomer: its prior (0.5) is the top
+    assert budget.demand == before
+    budget.committed_started()
+    budget.started("a", 3)
+    assert budget.allowance("a", 0.05) == 0  # no room left at all

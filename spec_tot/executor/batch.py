@@ -136,9 +136,17 @@ async def _run_one(
             budget=budget,
             on_event=on_event,
         )
-        router.open_query(query_id, rule, recorder, program.reward, config.query_timeout_s)
+        controller = QueryController(ctx)
+        router.open_query(
+            query_id,
+            rule,
+            recorder,
+            program.reward,
+            config.query_timeout_s,
+            steering=controller.steering,
+        )
         async with asyncio.timeout(config.query_timeout_s):
-            outcome = await QueryController(ctx).run()
+            outcome = await controller.run()
         answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated
         if answer is None and errors:
             status = "failed"

@@ -103,9 +103,12 @@ class LazyRule(BatchRule):
     delay on the critical path.
 
     - A committed item never waits while the reward model is idle (no batch of this queue
-      in flight, and the engine, whose device a reward model often shares, not loaded): it
-      goes at once, with whatever waits beside it. While a batch runs, items gather; when
-      it ends the next one goes.
+      in flight, and the engine, whose device a reward model often shares, not loaded) if
+      waiting could cost anything: its sibling group is complete (the round waits for it),
+      or its query is speculating (its score steers predictions and pruning). It goes at
+      once, with whatever waits beside it. While a batch runs, items gather; when it ends
+      the next one goes. A round's early siblings of a query that is not speculating wait
+      for the group: scoring them one by one would only cost reward calls.
     - Otherwise (a batch is running, or only speculative items wait) the queue is scored
       when its pending tokens reach ``token_threshold`` (speculative items count), a
       query's committed sibling group is complete, an item was passed over
@@ -148,8 +151,8 @@ class LazyRule(BatchRule):
         # The reward model is idle when no batch of its own runs and the engine it may
         # share is not loaded either: then batching would only delay the critical path.
         idle = router.batches_in_flight(key) == 0 and not patient
-        committed = any(not p.speculative for p in items)
-        if (self.busy is not None and not self.busy()) or (idle and committed and lv.idle_flush):
+        urgent = any(not p.speculative and router.urgent(p.query_id) for p in items)
+        if (self.busy is not None and not self.busy()) or (idle and urgent and lv.idle_flush):
             router.flush(key, lambda batch: select_lazy(batch, lv, False))
             return
         loop = asyncio.get_running_loop()

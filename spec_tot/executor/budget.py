@@ -70,23 +70,37 @@ class SpeculationBudget:
 
     def grant(self, key: str, wanted: int, utility: float, tau: float = 1.0) -> int:
         """How many speculative sequences ``key`` may start now (0..wanted)."""
+        self.demand[key] = (max(utility, 1e-6) * self.hit_rate(key), self.clock())
+        return self._share(key, wanted, tau)
+
+    def allowance(self, key: str, tau: float = 1.0) -> int:
+        """What a grant could give ``key`` now at its last stated demand (a new caller's
+        is its hit rate), without changing anything: a caller skips its prediction when
+        this is 0 (many callers, little room)."""
+        if key not in self.demand:
+            return self._share(key, self.capacity, tau, assumed=self.hit_rate(key))
+        return self._share(key, self.capacity, tau)
+
+    def _share(self, key: str, wanted: int, tau: float, assumed: float | None = None) -> int:
         now = self.clock()
-        self.demand[key] = (max(utility, 1e-6) * self.hit_rate(key), now)
         for other, (_, when) in list(self.demand.items()):
-            if now - when > self.demand_ttl_s:
+            if now - when > self.demand_ttl_s and other != key:
                 del self.demand[other]  # gone quiet: no claim on the room
+        demand = dict(self.demand)
+        if assumed is not None:
+            demand[key] = (assumed, now)
         committed = self.committed
         free = self.capacity - committed - sum(self.speculative.values())
         if wanted <= 0 or free <= 0:
             return 0
-        top = max(d for d, _ in self.demand.values())
-        weights = {k: math.exp((d - top) / tau) for k, (d, _) in self.demand.items()}
+        top = max(d for d, _ in demand.values())
+        weights = {k: math.exp((d - top) / tau) for k, (d, _) in demand.items()}
         share = weights[key] / sum(weights.values())
         # Hit rates steer the split between callers (through the demand), not the total:
         # room below saturation left unused is capacity thrown away.
         allowed = math.floor(share * (self.capacity - committed) + 1e-9)
         allowed -= self.speculative.get(key, 0)
-        if allowed <= 0 and self.demand[key][0] >= top:
+        if allowed <= 0 and demand[key][0] >= top:
             allowed = 1  # the most useful caller always gets a slot while there is room
         return max(0, min(wanted, allowed, free))
 

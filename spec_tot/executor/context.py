@@ -39,6 +39,9 @@ class QueryContext:
     on_event: EventSink | None = None
     errors: list[str] = field(default_factory=list)
     closed: bool = False
+    # Whether this query could speculate now (the controller's rule): a walk ahead of the
+    # score, and an early score, are worth their cost only then.
+    steering: Callable[[], bool] = lambda: True
 
     @property
     def spec(self) -> Speculation:

@@ -43,6 +43,7 @@ class QueryController:
         self.policy = ctx.policy
         self.spec = ctx.spec
         self._reported: asyncio.Queue[Node] = asyncio.Queue()
+        ctx.steering = self.steering
         self.branches = BranchRunner(ctx, self._reported.put_nowait, self._speculate_later)
         self._outstanding = 0
         self._round: list[Node] = []  # committed children of the latest commit
@@ -174,9 +175,10 @@ class QueryController:
             return
         room = spec.max_speculative_per_query - self.branches.speculative_generating()
         if spec.budget:
-            # Predict no more than the global budget could grant: prediction runs the
-            # policy forward, and its cost grows with what it is asked for.
-            room = min(room, ctx.budget.room())
+            # Predict no more than the budget could grant this query now: prediction runs
+            # the policy forward, its cost grows with what it is asked for, and with many
+            # queries most would be granted nothing.
+            room = min(room, ctx.budget.allowance(ctx.query_id, spec.tau))
         if room <= 0:
             return
         predicted = self.policy.predict(self.tree, min(room, self._predict_cap))
@@ -206,6 +208,16 @@ class QueryController:
                 room -= 1
             if room <= 0:
                 return
+
+    def steering(self) -> bool:
+        """Whether an early score would steer this query's speculation now: it speculates,
+        and has speculative work running or room to start some."""
+        ctx, spec = self.ctx, self.spec
+        if spec.speculate == "off" or ctx.closed:
+            return False
+        if self.branches.speculative_generating():
+            return True
+        return not spec.budget or ctx.budget.room() > 0
 
     def _depth_cap(self) -> int:
         """SPEX T1's k: how many levels below the committed frontier speculation may go;

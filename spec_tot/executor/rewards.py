@@ -51,6 +51,8 @@ class _Query:
     recorder: MetricsRecorder
     default: Scorer | None
     timeout_s: float | None = None
+    # True while an early score would steer the query's speculation (predictions, pruning)
+    steering: Callable[[], bool] = lambda: True
     # Committed branches that will reach the router (or end) and are not scored yet, and
     # those of them whose item waits in a queue (not yet in a batch being scored).
     expected: set[str] = field(default_factory=set)
@@ -86,12 +88,24 @@ class RewardRouter:
         recorder: MetricsRecorder,
         default_scorer: Scorer | None,
         timeout_s: float | None = None,
+        steering: Callable[[], bool] | None = None,
     ) -> None:
-        self._queries[query_id] = _Query(rule, recorder, default_scorer, timeout_s)
+        """``steering()``: whether an early score of this query's items would steer its
+        speculation now (lazy verification sends a lone committed item early only then)."""
+        query = _Query(rule, recorder, default_scorer, timeout_s)
+        if steering is not None:
+            query.steering = steering
+        self._queries[query_id] = query
 
     def group_complete(self, query_id: str) -> bool:
         query = self._queries.get(query_id)
         return query is not None and query.group_complete
+
+    def urgent(self, query_id: str) -> bool:
+        """A committed item of this query should not wait: its round is complete (the
+        critical path runs through it), or its score would steer speculation now."""
+        query = self._queries.get(query_id)
+        return query is not None and (query.group_complete or query.steering())
 
     # -- committed branches -------------------------------------------------------------------
     def expect(self, query_id: str, node_id: str) -> None:

@@ -189,8 +189,8 @@ class Segment:
         (function nodes only), so that the node's children can start now. The real score
         replaces it; children whose prompts then differ are generated again."""
         node, graph = self.node, self.ctx.graph
-        if self.ctx.spec.speculate == "off" or self.memo.ahead == (version, item):
-            return
+        if self.memo.ahead == (version, item) or not self.ctx.steering():
+            return  # done already, or no room to start children: it would only cost
         self.memo.ahead = (version, item)
         guess = predicted_reward(node)
         state = {**state, "reward": guess, "step_scores": (guess,) * max(1, len(item.steps))}

@@ -8,8 +8,10 @@ huggingface/search-and-learn ``beam_search``).
   smaller id path) are kept and each is expanded with ``width`` children (<= n per round);
 - the search stops once ``n`` beams are completed, or when no child can be kept.
 ``keep_count`` is ``k`` (the round is a top-k, so early pruning keeps the selection).
-``predict`` speculatively expands the currently top-k scored children of the unfinished round;
-utility ``(k - rank) / k``: the higher a node ranks now, the likelier it stays in the top k.
+``predict`` (``RoundPolicy``'s chained prediction) applies this rule to the known children of
+the unfinished round (scored, or with a predicted reward), then to their known speculative
+children, and so on; utility ``(k - rank) / k`` per level: the higher a node ranks now, the
+likelier it stays in the top k.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ The budget ``n`` is split into ``m = n // width`` independent subtrees:
   is expanded with ``width`` children; otherwise (depth limit, or every child failed) the
   subtree ends. This is greedy beam search of width ``width`` per subtree.
 The answer votes over all terminal nodes (default: the best one). ``keep_count`` is ``None``:
-the selection is a top-1 per subtree, not a global top-k. ``predict`` expands each live
-subtree's best scored child so far, utility = the fraction of the subtree's round already
-scored (the more siblings are in, the likelier the current best stays best).
+the selection is a top-1 per subtree, not a global top-k. ``predict`` (``RoundPolicy``'s
+chained prediction) applies the same rule to the known part of the round and of the rounds
+below it; utility falls with rank.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 One iteration = selection -> expansion of the selected leaf with ``width`` children -> (for
 the variants) a rollout -> backup; exactly one iteration is in flight at a time (the DFS
-reward barrier). Statistics live on the tree nodes (``visits``, ``value_sum``), so SPEX can
-simulate on ``tree.snapshot()``. A node's value estimate ``q`` is ``value_sum / visits`` once
-visited, else its reward (the PRM's prior).
+reward barrier). Statistics live on the tree nodes (``visits``, ``value_sum``); a prediction
+keeps its own in an overlay over them. A node's value estimate ``q`` is
+``value_sum / visits`` once visited, else its reward (the PRM's prior).
 
 Selection descends from the root through SCORED children only (running, speculative,
 cancelled and pruned nodes are never picked): unvisited children first (the best-scored, then
@@ -13,11 +13,15 @@ A selected leaf that cannot be expanded (terminal, at ``max_depth``, or already 
 every child failed) is a dead end: the iteration backs up without an expansion. The search
 ends after ``iterations`` iterations, so it always terminates.
 
-``predict(budget)`` is SPEX T1: on a snapshot, the in-flight iteration's path takes a virtual
-loss, then up to ``budget`` further selections are simulated; after each simulated pick the
-picked path takes a virtual loss (``visits + 1``, value ``+ 0``: pessimistic). Picks that are
-not expandable (terminal, running, speculative, already expanded) are skipped. Utility of a
-pick is its finite UCT value ``q + c * sqrt(ln(N_parent + 1) / (n + 1))`` at pick time.
+``predict(budget)`` is SPEX T1: a shadow of the policy (its small control state copied, its
+statistics in an overlay, no tree copy) runs forward on the *predictive view*: every known
+node (generated, its reward real or predicted) counts as scored once fed to it. It feeds the
+expansion in flight its children as they become known (or, to avoid waiting for the slowest
+sibling, the known ones alone: a guess), follows the policy's own next steps (rStar's and
+REST-MCTS*'s rollouts included) down through speculative nodes, and stops at the first
+expansion whose children are unknown: a candidate if it can start. Then the shadow's path
+takes a virtual loss (a visit worth 0) and a fresh selection goes on, up to ``budget``
+children. Candidates' utility falls with their pick order.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Round 0 expands the root with ``width`` children. At the end of every round:
   units left go to the largest fractional parts, ties to the better-ranked node), so
   ``sum(w_i) == W`` exactly; nodes with ``w_i == 0`` are dropped, the rest expanded ``w_i``.
 ``keep_count`` is ``None``: the allocation is not a top-k. ``predict`` applies the same rule
-to the scored part of the unfinished round (SPEX T1: REBASE keeps its softmax), utility
-``p_i``.
+to the known part of the unfinished round and of the rounds below it (SPEX T1: REBASE keeps
+its softmax), utility ``p_i`` per level.
 """
 
 from __future__ import annotations

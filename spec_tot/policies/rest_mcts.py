@@ -5,6 +5,7 @@ see ``RestMCTS``. The shared MCTS machinery (statistics, selection, SPEX predict
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from spec_tot.errors import ConfigError
 from spec_tot.policies._common import (
@@ -16,7 +17,7 @@ from spec_tot.policies._common import (
 )
 from spec_tot.policies.base import Answer, Expansion
 from spec_tot.policies.mcts import MCTS
-from spec_tot.tree import Node, SearchTree
+from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["RestMCTS"]
 
@@ -64,6 +65,15 @@ class RestMCTS(MCTS):
         self._steps = 0
         self._leaf_len = 0  # length of the selected path while its rollout runs
         self.solution: Node | None = None
+        self._finals: list[Node] = []  # terminal nodes delivered scored (the stop rule's)
+
+    def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
+        self._finals.extend(n for n in scored if n.terminal and n.status is NodeStatus.SCORED)
+        return super().on_reward(tree, scored)
+
+    def _copy_state(self) -> None:
+        super()._copy_state()
+        self._finals = list(self._finals)
 
     def _set_v(self, node: Node, v: float) -> None:
         self.set_value_sum(node, v * self.visits(node))
@@ -114,7 +124,10 @@ class RestMCTS(MCTS):
         self._backprop(path)
 
     def _stop(self, tree: SearchTree) -> bool:
-        gated = [n for n in tree.terminals() if self.q(n) >= self.end_gate]
+        # The terminal SCORED nodes (kept as they arrive: the whole tree is not scanned at
+        # every selection).
+        finals = (n for n in self._finals if n.status is NodeStatus.SCORED)
+        gated = [n for n in finals if self.q(n) >= self.end_gate]
         if gated:
             self.solution = rank(gated, self.q)[0]
         return self.solution is not None

@@ -3,8 +3,9 @@ expanded with ``width`` samples, every new state is valued (the value prompt's s
 node's reward), and the ``breadth`` best states of the level are kept (ties to the smaller
 id path), terminal or not. Kept non-terminal states below ``max_depth`` are expanded next;
 the search stops when no kept state can be expanded. The answer is the best terminal state.
-``keep_count`` is ``breadth``; ``predict`` expands the currently top-``breadth`` scored states
-of the unfinished level with utility ``(breadth - rank) / breadth``.
+``keep_count`` is ``breadth``; ``predict`` (``RoundPolicy``'s chained prediction) keeps the
+currently top-``breadth`` known states of the unfinished level, and of the levels below it,
+with utility ``(breadth - rank) / breadth``.
 """
 
 from __future__ import annotations

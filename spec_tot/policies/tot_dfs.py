@@ -7,9 +7,9 @@ one backtrack; more than ``max_backtracks`` ends the search). The search also en
 first terminal child with value >= ``threshold`` (the answer), or when no state is left.
 Without such a terminal, the answer is the best terminal node found (``vote``).
 
-``keep_count`` is ``None``. ``predict`` ranks what DFS would expand next: the good scored
-children of the expansion in flight (utility ``1 / (1 + rank)``), then the untried siblings
-of the current state (utility ``0.5 / (1 + rank)``).
+``keep_count`` is ``None``. ``predict`` runs a shadow of DFS forward on the known nodes (see
+``predict``): what DFS would expand next, then, as if that subtree dead-ended, what it would
+try after it; utility ``1 / (1 + pick)``.
 """
 
 from __future__ import annotations
