@@ -18,6 +18,7 @@ A failed or aborted request raises (``BackendError``), so retries and fallbacks 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -35,6 +36,7 @@ from spec_tot.backends import BackendRegistry, GenerationBackend, default_regist
 from spec_tot.branch import BranchContext, current_branch
 from spec_tot.chat_common import cut_at_stop, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
+from spec_tot.executor.hub import hub_for
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, SamplingParams
 
 __all__ = ["ChatSpecTot"]
@@ -62,6 +64,7 @@ class ChatSpecTot(BaseChatModel):
 
     def model_post_init(self, context: Any) -> None:
         if isinstance(self.backend, GenerationBackend):
+            hub_for(self.backend)  # refuses, now, a backend that cannot hold its budget
             self._backend = self.backend
         elif not isinstance(self.backend, str):
             raise ConfigError(
@@ -136,15 +139,27 @@ class ChatSpecTot(BaseChatModel):
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> ChatResult:
         backend = self.generation_backend
-        request, branch = self._request(messages, stop, kwargs)
-        if branch is not None:
-            prefix = branch.prefix
-            branch.on_cancel(backend, lambda: backend.abort(prefix))
-        try:
-            async with asyncio.timeout(self.timeout):
-                result = await backend.generate(request)
-        except TimeoutError as exc:
-            raise BackendError(self.backend_name, f"no answer within {self.timeout}s") from exc
+        branch = current_branch.get()
+        admit = branch.admit(backend, int(kwargs.get("n", 1))) if branch is not None else None
+        async with admit or contextlib.nullcontext():
+            # Built once admitted: a branch adopted while waiting sends committed work.
+            request, branch = self._request(messages, stop, kwargs)
+            if branch is not None:
+                prefix = branch.prefix
+                branch.on_cancel(backend, lambda: backend.abort(prefix))
+            # Committed requests are the backend's committed load, which every app's
+            # speculation on it yields to (a speculative one holds its runner's sequence).
+            budget = None if request.speculative else hub_for(backend).budget
+            if budget is not None:
+                budget.committed_started()
+            try:
+                async with asyncio.timeout(self.timeout):
+                    result = await backend.generate(request)
+            except TimeoutError as exc:
+                raise BackendError(self.backend_name, f"no answer within {self.timeout}s") from exc
+            finally:
+                if budget is not None:
+                    budget.committed_finished()
         return self._result(result, request.sampling.stop, kwargs.get("model", self.model_name))
 
     def _result(self, result: GenerateResult, stop: Sequence[str], name: str) -> ChatResult:
