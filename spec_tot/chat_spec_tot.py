@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import queue
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
@@ -317,7 +316,7 @@ class ChatSpecTot(BaseChatModel):
         branch = current_branch.get()
         loop = branch.loop if branch is not None else None
         if loop is not None and loop.is_running() and not _on_loop(loop):
-            yield from _iterate_on(loop, chunks)  # a sync node's thread: the run's loop
+            yield from iterate_in_thread(chunks, loop)  # a sync node's thread: the run's loop
         else:
             yield from iterate_in_thread(chunks)
 
@@ -328,33 +327,6 @@ def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, A
         "request_id": request_id,
         "finish_reason": completion.finish_reason.name.lower(),
     }
-
-
-def _iterate_on(
-    loop: asyncio.AbstractEventLoop, stream: AsyncIterator[ChatGenerationChunk]
-) -> Iterator[ChatGenerationChunk]:
-    """Iterate ``stream`` on ``loop`` (running in another thread) from this thread; leaving
-    early cancels it there (which aborts its request)."""
-    items: queue.Queue[tuple[bool, Any] | None] = queue.Queue()
-
-    async def pump() -> None:
-        try:
-            async for item in stream:
-                items.put((True, item))
-        except BaseException as exc:
-            items.put((False, exc))
-        finally:
-            items.put(None)
-
-    future = asyncio.run_coroutine_threadsafe(pump(), loop)  # with this thread's context
-    try:
-        while (got := items.get()) is not None:
-            ok, value = got
-            if not ok:
-                raise value
-            yield value
-    finally:
-        future.cancel()
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:

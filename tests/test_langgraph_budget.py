@@ -47,14 +47,27 @@ class State(TypedDict, total=False):
     depth: Annotated[int, operator.add]
 
 
-def search_graph(llm: ChatSpecTot) -> StateGraph[Any, Any, Any, Any]:
+def search_graph(llm: ChatSpecTot, *, sync: bool = False) -> StateGraph[Any, Any, Any, Any]:
     """The ToT tutorial's shape over ``ChatSpecTot``: two guesses per expansion, a ``Send``
-    per kept beam, fan-out from the start (speculation may begin before any model call)."""
+    per kept beam, fan-out from the start (speculation may begin before any model call).
+    ``sync``: ``expand`` is a sync node that streams its guesses."""
 
-    async def expand(state: State) -> dict[str, Any]:
+    def prompts(state: State) -> list[str]:
         prompt = "\n".join(p for p in (state["question"], state.get("seed", "")) if p)
-        replies = await asyncio.gather(*(llm.ainvoke(f"{prompt}\nguess {i}") for i in range(2)))
-        return {"candidates": [f"{state.get('seed', '')}|{r.content}"[-60:] for r in replies]}
+        return [f"{prompt}\nguess {i}" for i in range(2)]
+
+    def guesses(state: State, replies: list[str]) -> dict[str, Any]:
+        return {"candidates": [f"{state.get('seed', '')}|{r}"[-60:] for r in replies]}
+
+    async def expand_async(state: State) -> dict[str, Any]:
+        replies = await asyncio.gather(*(llm.ainvoke(p) for p in prompts(state)))
+        return guesses(state, [str(r.content) for r in replies])
+
+    def expand_sync(state: State) -> dict[str, Any]:
+        streams = [llm.stream(p) for p in prompts(state)]
+        return guesses(state, ["".join(str(c.content) for c in s) for s in streams])
+
+    expand = expand_sync if sync else expand_async
 
     def score(state: State) -> dict[str, Any]:
         scored = [(stable_unit(c), c) for c in state.get("candidates", [])]
@@ -127,6 +140,21 @@ async def test_langgraph_and_tot_apps_share_one_speculation_budget(known: str) -
         if both == 2:
             return
     pytest.fail(f"both apps speculated in {both} of 12 schedules")
+
+
+def test_sync_nodes_stream_through_the_runs_loop_and_budget() -> None:
+    """A sync graph run (nodes on worker threads) whose nodes stream: their requests are
+    made on the run's loop, inside their branches (ids, priorities, the shared budget)."""
+    backend = saturating(0)
+    llm = ChatSpecTot(backend=backend, seed=0, max_tokens=8)
+    app = from_langgraph(search_graph(llm, sync=True))
+    app.slots.max_lag_s = 1.0
+    final = app.invoke({"question": "puzzle 0"})
+    baseline = from_langgraph(search_graph(llm, sync=True), mode="baseline")
+    assert final == baseline.invoke({"question": "puzzle 0"})
+    assert all(r.request_id.startswith("lg-") for r in backend.requests)
+    assert speculative_requests(backend, "lg-") > 0 and app.slots.hubs == [hub_for(backend)]
+    assert backend.peak_speculative <= CAPACITY and backend.num_inflight == 0
 
 
 def test_backend_given_to_from_langgraph_is_checked() -> None:
