@@ -4,15 +4,20 @@ A runner that starts a task (a LangGraph node on a real or a speculative path) s
 ``current_branch`` for it; asyncio tasks and LangChain's thread hand-offs copy the context,
 so a chat model called anywhere inside the node sees it. ``ChatSpecTot`` reads it to give
 each request a hierarchical id under the branch (a cancelled branch is aborted by prefix)
-and the branch's priority (committed work first). Other chat models ignore it and are
-cancelled with their asyncio task.
+and the branch's priority (committed work first), and makes each request inside
+``admit(backend, n)``: the runner learns which spec-tot backends the graph uses (their shared
+speculation budget, ``spec_tot.executor.hub_for``), and a speculative branch holds a budget
+sequence per sample while the request runs (waiting there for room if need be). Other chat
+models ignore it and are cancelled with their asyncio task.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +37,8 @@ class BranchContext:
     speculative: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     cancelled: bool = False
+    # The runner's admission hook (see ``admit``); None outside a runner.
+    admission: Callable[[Any, int], AbstractAsyncContextManager[None]] | None = None
     # Buffered stream-writer output of a speculative branch, replayed when it is adopted.
     custom: list[Any] = field(default_factory=list)
     _calls: itertools.count[int] = field(default_factory=itertools.count)
@@ -44,6 +51,15 @@ class BranchContext:
     def request_id(self) -> str:
         """A fresh id under the branch prefix, for one backend request."""
         return f"{self.prefix}/{next(self._calls)}"
+
+    def admit(self, backend: Any, n: int = 1) -> AbstractAsyncContextManager[None]:
+        """Wraps a chat model's request of ``n`` samples on ``backend`` (a
+        ``GenerationBackend``): build and send the request inside it. Entering may wait for
+        room on the backend's speculation budget while the branch is speculative (it goes
+        on at once if the branch is adopted meanwhile: the request is committed work)."""
+        if self.admission is None:
+            return contextlib.nullcontext()
+        return self.admission(backend, n)
 
     def on_cancel(self, owner: object, abort: Callable[[], Awaitable[Any]]) -> None:
         """Register ``owner``'s (a backend's) prefix abort, run if the branch is cancelled."""

@@ -188,3 +188,40 @@ def test_chat_spec_tot_raises_backend_errors_so_fallbacks_work() -> None:
         ChatSpecTot(backend=Failing(hang=True), timeout=0.05).invoke("hi")
     backup = ChatSpecTot(backend=ScriptedBackend(), seed=1)
     assert model.with_fallbacks([backup]).invoke("hi").content == backup.invoke("hi").content
+
+
+@pytest.mark.usefixtures("engine")
+async def test_chat_spec_tot_streams_tokens_when_the_backend_streams() -> None:
+    backend = engine_backend()
+    model = ChatSpecTot(backend=backend, max_tokens=12, seed=0, temperature=0)
+    assert model.streams() and not ChatSpecTot(backend=ScriptedBackend()).streams()
+    chunks = [c async for c in model.astream("4 4 6 8")]
+    assert len(chunks) > 2 and all(isinstance(c, AIMessageChunk) for c in chunks)
+    *tokens, last = chunks
+    assert all(c.usage_metadata is None for c in tokens) and last.chunk_position == "last"
+    whole = await model.ainvoke("4 4 6 8")
+    assert "".join(str(c.content) for c in chunks) == whole.content
+    assert last.usage_metadata == whole.usage_metadata
+    assert last.response_metadata["finish_reason"] == whole.response_metadata["finish_reason"]
+    assert "".join(str(c.content) for c in model.stream("4 4 6 8")) == whole.content
+    # leaving a stream early aborts its request
+    stream = model.astream("1 2 3 4")
+    async for _ in stream:
+        break
+    await stream.aclose()
+    for _ in range(200):
+        if backend.num_inflight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert backend.num_inflight == 0
+
+
+@pytest.mark.usefixtures("engine")
+def test_short_lived_stream_loops_leave_the_engine_serving() -> None:
+    """Each sync ``stream`` runs on a loop that closes right after its last token; the
+    engine's worker posting the request's end there must not die of it (it did, within a
+    few calls: every later request then hung)."""
+    model = ChatSpecTot(backend=engine_backend(), max_tokens=2, seed=0, timeout=30)
+    for _ in range(40):
+        assert "".join(str(c.content) for c in model.stream("Hello"))
+    assert model.invoke("Hello").content  # raises BackendError after 30 s if none answers

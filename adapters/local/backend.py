@@ -311,7 +311,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
         engine.abort_all()
         engine.take_stream_updates()
         for loop, sink in self._pending.values():
-            loop.call_soon_threadsafe(_send, sink, None, error)
+            _post(loop, _send, sink, None, error)
         self._pending.clear()
 
     def _handle(self, engine: LLMEngine, command: _Command) -> bool:
@@ -359,16 +359,27 @@ class LocalBackend(GenerationBackend, RewardBackend):
         for update in updates:
             entry = self._pending.get(update.request_id)
             if entry is not None:
-                entry[0].call_soon_threadsafe(_send, entry[1], update, None, False)
+                _post(entry[0], _send, entry[1], update, None, False)
 
     def _finish(self, rid: str, result: GenerateResult | None, error: BaseException | None) -> None:
         entry = self._pending.pop(rid, None)
         if entry is not None:
-            entry[0].call_soon_threadsafe(_send, entry[1], result, error)
+            _post(entry[0], _send, entry[1], result, error)
 
     def _deliver(self, results: list[GenerateResult]) -> None:
         for result in results:
             self._finish(result.request_id, result, None)
+
+
+def _post(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
+    """``loop.call_soon_threadsafe(*callback)``, unless the caller's loop has closed (a
+    stream consumer's ``asyncio.run`` may end right after its last update): nobody waits
+    there any more, and the worker must live on."""
+    try:
+        loop.call_soon_threadsafe(*callback)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
 
 
 def _final_update(request_id: str, index: int, completion: Completion) -> StreamUpdate:

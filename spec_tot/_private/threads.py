@@ -6,7 +6,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 __all__ = ["iterate_in_thread", "run_in_thread_if_needed"]
@@ -25,8 +25,12 @@ def run_in_thread_if_needed(coro: Coroutine[Any, Any, T]) -> T:
         return pool.submit(asyncio.run, coro).result()
 
 
-def iterate_in_thread(stream: AsyncIterator[T]) -> Iterator[T]:
-    """Iterate an async iterator from sync code, item by item, on its own loop and thread."""
+def iterate_in_thread(
+    stream: AsyncIterator[T], loop: asyncio.AbstractEventLoop | None = None
+) -> Iterator[T]:
+    """Iterate an async iterator from sync code, item by item, on its own loop and thread,
+    or on ``loop`` (running in another thread; the stream sees this thread's context), where
+    leaving early cancels it."""
     items: queue.Queue[Any] = queue.Queue()
     stop = threading.Event()
 
@@ -41,8 +45,13 @@ def iterate_in_thread(stream: AsyncIterator[T]) -> Iterator[T]:
         finally:
             items.put(_DONE)
 
-    thread = threading.Thread(target=asyncio.run, args=(pump(),), daemon=True)
-    thread.start()
+    if loop is not None:
+        future = asyncio.run_coroutine_threadsafe(pump(), loop)
+        end: Callable[[], Any] = future.cancel
+    else:
+        thread = threading.Thread(target=asyncio.run, args=(pump(),), daemon=True)
+        thread.start()
+        end = thread.join
     try:
         while (got := items.get()) is not _DONE:
             ok, value = got
@@ -51,4 +60,4 @@ def iterate_in_thread(stream: AsyncIterator[T]) -> Iterator[T]:
             yield value
     finally:
         stop.set()
-        thread.join()
+        end()

@@ -27,10 +27,11 @@ import spec_tot.langgraph._pregel as pregel
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError, UnknownNameError
-from spec_tot.langgraph.entries import SendOwners, SpeculationSlots
+from spec_tot.langgraph.entries import SendOwners
 from spec_tot.langgraph.results import LangGraphResult
 from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.runner import GraphRun, Sink
+from spec_tot.langgraph.slots import SpeculationSlots
 from spec_tot.langgraph.speculation import SPECULATIVE_TAG, Speculator
 
 __all__ = ["SpeculativeGraph", "from_langgraph"]
@@ -99,9 +100,10 @@ class SpeculativeGraph(Runnable[Any, Any]):
         roles: Mapping[str, NodeRole],
         *,
         speculate: bool,
-        max_speculative: int,
+        max_speculative: int | None,
         max_depth: int,
         timeout_s: float | None,
+        backend: Any = None,
     ) -> None:
         if max_depth < 0:
             raise ConfigError("max_depth", f"must be >= 0, got {max_depth}")
@@ -109,6 +111,8 @@ class SpeculativeGraph(Runnable[Any, Any]):
         self.roles = dict(roles)
         self.speculate = speculate
         self.slots = SpeculationSlots(max_speculative)
+        for generation_backend in _backends(backend):
+            self.slots.learn(generation_backend)
         self.max_depth = max_depth
         self.timeout_s = timeout_s
         selects = [r for r in self.roles.values() if r.select]
@@ -162,7 +166,7 @@ class SpeculativeGraph(Runnable[Any, Any]):
         pools = (
             (
                 ThreadPoolExecutor(config.get("max_concurrency")),
-                ThreadPoolExecutor(self.slots.limit),
+                ThreadPoolExecutor(self.slots.threads()),
             )
             if threads
             else None
@@ -221,12 +225,15 @@ class SpeculativeGraph(Runnable[Any, Any]):
         tags = [*(run.config.get("tags") or []), SPECULATIVE_TAG]
         spec_config: RunnableConfig = {**run.config, "tags": tags}
 
+        slots = self.slots.for_run(run.prefix)
+        run.admission = functools.partial(slots.admit, None, _never)
+
         def make(owners: SendOwners, clock: Callable[[], float]) -> Speculator:
             return Speculator(
                 roles=self.roles,
                 config=spec_config,
                 manager=run.manager,
-                slots=self.slots,
+                slots=slots,
                 max_depth=self.max_depth,
                 strict=self.strict,
                 prefix=run.prefix,
@@ -313,6 +320,10 @@ class SpeculativeGraph(Runnable[Any, Any]):
         yield from iterate_in_thread(self._astream(input, config, True, **kwargs))
 
 
+def _never() -> bool:
+    return False
+
+
 def _compiled(graph: Any) -> Any:
     from langgraph.graph import StateGraph
     from langgraph.graph.state import CompiledStateGraph
@@ -337,12 +348,36 @@ def _compiled(graph: Any) -> Any:
     raise ConfigError("graph", f"expected a langgraph StateGraph or its compiled graph: {graph!r}")
 
 
+def _backends(backend: Any) -> list[Any]:
+    """The spec-tot backends named by ``from_langgraph(backend=...)``."""
+    from spec_tot.backends import GenerationBackend
+    from spec_tot.chat_spec_tot import ChatSpecTot
+
+    if backend is None:
+        return []
+    items = list(backend) if isinstance(backend, list | tuple) else [backend]
+    out = []
+    for item in items:
+        if isinstance(item, ChatSpecTot):
+            item = item.generation_backend
+        if not isinstance(item, GenerationBackend):
+            raise ConfigError(
+                "backend",
+                "expected a spec-tot GenerationBackend or a ChatSpecTot (or a list of them), "
+                f"got {type(item).__name__}; a graph over other LangChain models speculates "
+                "in the app's own pool (max_speculative), with no backend given",
+            )
+        out.append(item)
+    return out
+
+
 def from_langgraph(
     graph: Any,
     *,
     mode: str | None = None,
     config: ExecutorConfig | None = None,
-    max_speculative: int = 16,
+    backend: Any = None,
+    max_speculative: int | None = None,
     max_depth: int = 2,
 ) -> SpeculativeGraph:
     """Run a LangGraph ``StateGraph`` (or its compiled graph) speculatively.
@@ -350,9 +385,16 @@ def from_langgraph(
     The graph runs as it is; ``metadata={"spec_tot": {...}}`` on its nodes marks what may
     run ahead (see ``spec_tot.langgraph.roles``). ``mode``: ``"full"`` (default: speculate)
     or ``"baseline"`` (LangGraph's schedule exactly); ``config``: an ``ExecutorConfig`` whose
-    mode and ``query_timeout_s`` apply. ``max_speculative``: speculative tasks running at
-    once, shared by every run of the returned app; ``max_depth``: how many partial
-    speculative supersteps a prediction may build on.
+    mode and ``query_timeout_s`` apply.
+
+    Speculative tasks take their slots from the speculation budget of the spec-tot backends
+    the graph's model calls go to (``ChatSpecTot``'s backend, learnt at its first call, or
+    ``backend``: a ``GenerationBackend``, a ``ChatSpecTot``, or a list of them), the budget
+    every ToT app and LangGraph app on that backend shares. A graph over other LangChain
+    models has no such budget: its speculative tasks share the app's own pool.
+    ``max_speculative``: a cap on the app's speculative tasks at once (default: 16 for the
+    own pool, none beyond the budgets once a backend is known). ``max_depth``: how many
+    partial speculative supersteps a prediction may build on.
     """
     if mode is not None and config is not None and mode != config.mode:
         raise ConfigError("mode", f"{mode!r} disagrees with config.mode {config.mode!r}")
@@ -367,4 +409,5 @@ def from_langgraph(
         max_speculative=max_speculative,
         max_depth=max_depth,
         timeout_s=config.query_timeout_s if config is not None else None,
+        backend=backend,
     )

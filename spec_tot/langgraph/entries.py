@@ -1,6 +1,6 @@
 """What the speculator keeps: its speculative runs (``Entry``), how they are matched to
-real tasks (node and input, on the node's ``reads``), the slots they hold, and which task
-emitted each ``Send`` (the task tree)."""
+real tasks (node and input, on the node's ``reads``), and which task emitted each ``Send``
+(the task tree)."""
 
 from __future__ import annotations
 
@@ -10,35 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from spec_tot.branch import BranchContext
-from spec_tot.errors import ConfigError
 from spec_tot.langgraph._pregel import TASKS, PregelExecutableTask, World
 from spec_tot.langgraph.roles import NodeRole
+from spec_tot.langgraph.slots import Lease
 
-__all__ = ["Entry", "SendOwners", "SpeculationSlots", "equal_inputs", "match_key"]
-
-
-@dataclass
-class SpeculationSlots:
-    """How many speculative tasks may run at once, shared by every run of one app, and
-    whether the event loop has time for them: speculation only fills idle capacity, so while
-    the loop itself lags (the process is CPU-bound: LangChain's per-call work, many runs at
-    once) no new speculative task starts."""
-
-    limit: int
-    used: int = 0
-    lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
-    max_lag_s: float = 0.005
-
-    def __post_init__(self) -> None:
-        if self.limit < 1:
-            raise ConfigError("max_speculative", f"must be >= 1, got {self.limit}")
-
-    @property
-    def free(self) -> bool:
-        return self.used < self.limit and self.lag_s <= self.max_lag_s
-
-    def observe_lag(self, seconds: float) -> None:
-        self.lag_s = 0.8 * self.lag_s + 0.2 * max(0.0, seconds)
+__all__ = ["Entry", "SendOwners", "equal_inputs", "match_key"]
 
 
 class SendOwners:
@@ -80,10 +56,18 @@ class Entry:
     future: asyncio.Task[Any] | None = None
     adopted: bool = False
     cancelled: bool = False
-    holds_slot: bool = False
+    lease: Lease | None = None  # the slot it runs in (spec_tot.langgraph.slots)
     wanted: bool = True  # the latest pass that reached its step still uses it
     frozen: bool = False  # ``key`` is a private copy (taken before an impure task ran)
     finished_s: float | None = None
+
+    def is_speculative(self) -> bool:
+        return self.branch.speculative and not self.cancelled
+
+    @property
+    def running(self) -> bool:
+        f = self.future
+        return f is not None and not f.done() and not self.adopted and not self.cancelled
 
     @property
     def ok(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,8 @@ class GraphRun:
     sink: Sink | None = None
     manager: Any = None
     pool: Executor | None = None  # sync runs: tasks on worker threads
+    # Given to real tasks' branches: a model call reports its spec-tot backend (its budget).
+    admission: Callable[[Any, int], AbstractAsyncContextManager[None]] | None = None
     roles: Mapping[str, NodeRole] = field(default_factory=dict)
     records: list[TaskRecord] = field(default_factory=list)
     latest: Any = None
@@ -138,7 +141,9 @@ class GraphRun:
 
     async def _execute(self, task: PregelExecutableTask, rid: str) -> None:
         branch = BranchContext(
-            f"{self.prefix}/{rid.replace(':', '/')}", loop=asyncio.get_running_loop()
+            f"{self.prefix}/{rid.replace(':', '/')}",
+            loop=asyncio.get_running_loop(),
+            admission=self.admission,
         )
         await pregel.execute(task, branch, self.pool)
 

@@ -13,7 +13,9 @@ never run here: a step with one stops the pass.
 Passes run after every task completion (real or speculative). What a pass no longer reaches
 is cancelled at once when the graph's selects are declared ``top_k`` (a dropped ``Send`` is
 never emitted later), and otherwise kept, unused, until its superstep passes or its slot is
-needed. Slots (speculative tasks running at once) are shared by every run of one app.
+needed. Slots come from the speculation budget of the spec-tot backends the graph uses,
+shared with every other app on them, or else from the app's own pool
+(``spec_tot.langgraph.slots``).
 Speculative tasks report to the run's callbacks like real ones, tagged ``SPECULATIVE_TAG``
 (so a trace shows what speculation cost, and what it saved once adopted).
 """
@@ -33,15 +35,10 @@ from langchain_core.runnables import RunnableConfig
 
 from spec_tot.branch import BranchContext
 from spec_tot.langgraph._pregel import PregelExecutableTask, World, execute
-from spec_tot.langgraph.entries import (
-    Entry,
-    SendOwners,
-    SpeculationSlots,
-    equal_inputs,
-    match_key,
-)
+from spec_tot.langgraph.entries import Entry, SendOwners, equal_inputs, match_key
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
+from spec_tot.langgraph.slots import DEEP_UTILITY, EXACT_UTILITY, RunSlots
 
 __all__ = ["SPECULATIVE_TAG", "Speculator"]
 
@@ -58,7 +55,7 @@ class Speculator:
     roles: Mapping[str, NodeRole]
     config: RunnableConfig  # for speculative tasks: the run's, tagged SPECULATIVE_TAG
     manager: Any  # the run's callback manager: speculative work is traced, tagged
-    slots: SpeculationSlots
+    slots: RunSlots
     max_depth: int
     strict: bool
     prefix: str
@@ -75,6 +72,7 @@ class Speculator:
     _closed: bool = False
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _aborts: set[asyncio.Task[Any]] = field(default_factory=set)
+    _live: set[asyncio.Task[Any]] = field(default_factory=set)  # every run not yet ended
     _recorded: set[str] = field(default_factory=set)
     _ids_issued: int = 0
 
@@ -89,7 +87,8 @@ class Speculator:
             if entry is not None and not entry.failed:  # a failed run is re-run for real
                 entry.adopted = True
                 entry.branch.speculative = False
-                self._release(entry)
+                if entry.lease is not None:
+                    entry.lease.adopted()
                 adopted[task.id] = entry
         for entry in self.entries:
             if not entry.adopted and entry.step <= world.step:
@@ -131,14 +130,14 @@ class Speculator:
             await asyncio.wait([self._passing])
         for entry in self.entries:
             self._cancel(entry)
-        futures = [e.future for e in self.entries if e.future is not None]
-        if futures:
-            await asyncio.wait(futures)
+        if self._live:  # cancelled runs included: nothing outlives the run
+            await asyncio.wait(self._live)
         if self._aborts:
             await asyncio.wait(self._aborts)
         for entry in self.entries:
             self._finish_record(entry)
         self.entries = []
+        self.slots.close()
 
     # -- prediction -----------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -149,7 +148,7 @@ class Speculator:
             self._passing = self.loop.create_task(self._passes(self.loop.time()))
 
     async def _passes(self, scheduled: float) -> None:
-        self.slots.observe_lag(self.loop.time() - scheduled)
+        self.slots.app.observe_lag(self.loop.time() - scheduled)
         # One pass at a time; events during a pass ask for one more after it.
         while self._dirty and not self._closed:
             self._dirty = False
@@ -259,9 +258,15 @@ class Speculator:
         return None
 
     def _launch(self, world: World, task: PregelExecutableTask, exact: bool) -> Entry | None:
-        if self.slots.lag_s > self.slots.max_lag_s:
+        if not self.slots.app.idle:
             return None  # the loop is busy: speculation would slow the real path down
-        if not self.slots.free and not self._evict():
+        utility = EXACT_UTILITY if exact else DEEP_UTILITY
+        role = self.roles.get(task.name)
+        reserve = role is not None and role.kind == "thought"
+        lease = self.slots.acquire(utility, reserve)
+        if lease is None and self._evict():
+            lease = self.slots.acquire(utility, reserve)
+        if lease is None:
             return None
         n = next(self._ids)
         self._ids_issued = n + 1
@@ -277,11 +282,12 @@ class Speculator:
             exact=exact,
             parent=self.owners.parent(world, task),
             started_s=self.clock(),
+            lease=lease,
         )
-        entry.holds_slot = True
-        self.slots.used += 1
+        branch.admission = functools.partial(self.slots.admit, lease, entry.is_speculative)
         self.launched += 1
         entry.future = self.loop.create_task(self._run(entry))
+        self._live.add(entry.future)
         entry.future.add_done_callback(functools.partial(self._on_entry_done, entry))
         self.entries.append(entry)
         return entry
@@ -289,20 +295,18 @@ class Speculator:
     async def _run(self, entry: Entry) -> None:
         await execute(entry.task, entry.branch, self.pool)
 
-    def _on_entry_done(self, entry: Entry, _future: asyncio.Future[Any]) -> None:
-        entry.finished_s = self.clock()
-        self._release(entry)
+    def _on_entry_done(self, entry: Entry, future: asyncio.Task[Any]) -> None:
+        self._live.discard(future)
+        if entry.finished_s is None:
+            entry.finished_s = self.clock()
+        if entry.lease is not None:
+            entry.lease.release()
         if not entry.cancelled and entry.wanted:  # an unwanted run extends no prediction
             self._schedule()
 
-    def _release(self, entry: Entry) -> None:
-        if entry.holds_slot:
-            entry.holds_slot = False
-            self.slots.used -= 1
-
     def _evict(self) -> bool:
         """Free a slot held by a run no prediction wants now (least likely first)."""
-        idle = [e for e in self.entries if e.holds_slot and not e.wanted]
+        idle = [e for e in self.entries if e.running and not e.wanted]
         if not idle:
             return False
         victim = min(idle, key=lambda e: (-e.step, e.id))
@@ -314,10 +318,11 @@ class Speculator:
         if entry.cancelled or entry.adopted:
             return
         entry.cancelled = True
-        self._release(entry)
         if entry.finished_s is None:
             entry.finished_s = self.clock()
         if entry.future is not None and not entry.future.done():
+            if entry.lease is not None:
+                entry.lease.unpool()  # its budget sequences free when the run ends
             entry.future.cancel()
             self._aborts.add(task := self.loop.create_task(entry.branch.abort()))
             task.add_done_callback(self._aborts.discard)
