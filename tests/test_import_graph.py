@@ -85,4 +85,3 @@ def test_the_node_vocabulary_is_a_leaf() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
-
