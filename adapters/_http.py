@@ -9,9 +9,18 @@ goes through ``EndpointPool.send``, which:
 - retries, with jittered exponential backoff and a bounded number of attempts, only what is
   safe to retry: a refused/unsent connection, 502/503/504, and a connection lost before any
   byte of the response arrived (the server saw no complete request, or says it did nothing);
-- keeps a circuit breaker per worker (open after k consecutive failures, half-open after a
-  cooldown, one probe at a time) and a concurrency limit per worker;
-- raises one ``BackendError`` naming the URL(s) when every attempt failed.
+- gives each request a deadline: the worker's learned seconds per output token times the
+  request's token budget (``max_new_tokens`` / ``max_tokens``), times a slack, plus a floor,
+  under a cap; a request that misses it gives up on that worker and is sent to another
+  healthy one (never again to the one that may still be running it);
+- keeps a circuit breaker per worker (open after k consecutive failures or missed deadlines,
+  half-open after a cooldown, one probe at a time) and a concurrency limit per worker; a
+  worker whose breaker opens on missed deadlines (stopped, not dead) releases every request
+  waiting on it at once; open breakers are probed on a timer (``GET /health``), so a worker
+  comes back without waiting for new traffic;
+- sends ``Authorization: Bearer <api_key>`` on every request when a key is configured;
+- raises one ``BackendError`` naming the URL(s) when every attempt failed
+  (``BackendTimeoutError`` when the last one missed its deadline).
 
 Sleep, clock and randomness are injectable so tests run without real waiting.
 """
@@ -31,6 +40,16 @@ from typing import Any
 import httpx
 
 from spec_tot.errors import BackendError, BackendTimeoutError, ConfigError
+
+from ._http_parts import (
+    CircuitBreaker,
+    Endpoint,
+    HttpConfig,
+    Probing,
+    Routing,
+    completion_tokens,
+    request_budget,
+)
 
 __all__ = [
     "RETRYABLE_STATUS",
@@ -53,92 +72,18 @@ def query_key(request_id: str) -> str:
     return request_id.split("/", 1)[0]
 
 
-@dataclass(frozen=True, slots=True)
-class HttpConfig:
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 600.0  # long generations stream slowly; the caller sets deadlines
-    max_retries: int = 3  # extra attempts after the first one
-    backoff_base_s: float = 0.05
-    backoff_max_s: float = 2.0
-    breaker_threshold: int = 3  # consecutive failures that open a worker's breaker
-    breaker_cooldown_s: float = 5.0
-    max_concurrency: int = 512  # per worker; above it callers queue here, not in the server
-    affinity_size: int = 65_536  # remembered query -> worker homes (LRU)
-
-    def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ConfigError("max_retries", f"must be >= 0, got {self.max_retries}")
-        if self.breaker_threshold < 1:
-            raise ConfigError("breaker_threshold", "must be >= 1")
-        if self.max_concurrency < 1:
-            raise ConfigError("max_concurrency", "must be >= 1")
-        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
-            raise ConfigError("read_timeout_s", "timeouts must be > 0")
-
-
-@dataclass
-class CircuitBreaker:
-    """closed -> (k consecutive failures) -> open -> (cooldown) -> half-open: one probe.
-    The probe's success closes the breaker; its failure reopens it for another cooldown."""
-
-    threshold: int
-    cooldown_s: float
-    clock: Clock
-    failures: int = 0
-    opened_at: float | None = None
-    probing: bool = False
-
-    @property
-    def state(self) -> str:
-        if self.opened_at is None:
-            return "closed"
-        return "half_open" if self.clock() - self.opened_at >= self.cooldown_s else "open"
-
-    def available(self) -> bool:
-        """May a request be sent now? (Does not claim the half-open probe.)"""
-        state = self.state
-        return state == "closed" or (state == "half_open" and not self.probing)
-
-    def acquire(self) -> bool:
-        """Claim the right to send; in half-open only one caller gets it (the probe)."""
-        state = self.state
-        if state == "closed":
-            return True
-        if state == "half_open" and not self.probing:
-            self.probing = True
-            return True
-        return False
-
-    def success(self) -> None:
-        self.failures, self.opened_at, self.probing = 0, None, False
-
-    def failure(self) -> None:
-        self.failures += 1
-        self.probing = False
-        if self.opened_at is not None or self.failures >= self.threshold:
-            self.opened_at = self.clock()
-
-
-@dataclass
-class Endpoint:
-    url: str
-    breaker: CircuitBreaker
-    semaphore: asyncio.Semaphore
-    inflight: int = 0
-    attempts: int = 0  # every send attempt, for tests and stats
-
-    def __repr__(self) -> str:
-        return f"Endpoint({self.url!r}, {self.breaker.state}, inflight={self.inflight})"
-
-
 class _Retryable(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
+class _Missed(Exception):
+    """The worker gave no (complete) answer in time: it may still be working on it."""
+
+
 @dataclass
-class EndpointPool:
+class EndpointPool(Routing, Probing):
     urls: list[str]
     config: HttpConfig = field(default_factory=HttpConfig)
     client: httpx.AsyncClient | None = None
@@ -164,13 +109,23 @@ class EndpointPool:
         }
         self._home: OrderedDict[str, str] = OrderedDict()
         self._homed: Counter[str] = Counter()
+        self._headers = (
+            {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        )
+        self._prober: asyncio.Task[None] | None = None
         self._owns_client = self.client is None
         if self.client is None:
             timeout = httpx.Timeout(
                 self.config.read_timeout_s, connect=self.config.connect_timeout_s
             )
-            # No keep-alive cap: many concurrent streams per worker is the normal case.
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            # No connection cap: many concurrent streams per worker is the normal case. No
+            # keep-alive: httpcore 1.0.9 hands one idle connection to every request of a
+            # burst that enters its pool together, and all but one then open new connections
+            # one after another (encode/httpcore#1110-#1111, fixed in pydantic/httpx2#1075),
+            # so the executor's bursts reached the server as a trickle (Game of 24 over
+            # spec-tot serve: 2-3x slower, the engine's merging of identical prompts lost).
+            # A fresh connection per request costs one handshake, made in parallel.
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
             self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
 
     @property
@@ -179,48 +134,64 @@ class EndpointPool:
         return self.client
 
     async def aclose(self) -> None:
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
+            self._prober = None
         if self._owns_client and self.client is not None:
             await self.client.aclose()
-
-    # -- routing -------------------------------------------------------------------------------
-    def candidates(self, key: str | None) -> list[Endpoint]:
-        """Workers to try, best first: the key's home if healthy, then the least loaded."""
-        healthy = [e for e in self.endpoints.values() if e.breaker.available()]
-        # New queries go to the least busy worker, then the one homing fewest queries.
-        healthy.sort(key=lambda e: (e.inflight, self._homed[e.url], self.urls.index(e.url)))
-        home = self._home.get(key) if key is not None else None
-        if home is not None:
-            self._home.move_to_end(key)  # type: ignore[arg-type]
-            first = [e for e in healthy if e.url == home]
-            healthy = first + [e for e in healthy if e.url != home]
-        return healthy
-
-    def home_of(self, key: str) -> str | None:
-        return self._home.get(key)
-
-    def _settle(self, key: str | None, endpoint: Endpoint) -> None:
-        if key is None:
-            return
-        old = self._home.get(key)
-        if old != endpoint.url:
-            if old is not None:
-                self._homed[old] -= 1
-            self._homed[endpoint.url] += 1
-        self._home[key] = endpoint.url
-        self._home.move_to_end(key)
-        while len(self._home) > self.config.affinity_size:
-            self._homed[self._home.popitem(last=False)[1]] -= 1
-
-    def forget(self, key: str) -> None:
-        old = self._home.pop(key, None)
-        if old is not None:
-            self._homed[old] -= 1
 
     def _backoff(self, attempt: int) -> float:
         delay = min(self.config.backoff_max_s, self.config.backoff_base_s * 2.0**attempt)
         return delay * (0.5 + 0.5 * self.rng.random())  # jitter spreads retry storms
 
+    # -- deadlines and health ------------------------------------------------------------------
+    def deadline_s(self, endpoint: Endpoint, budget: int | None) -> float:
+        """Seconds a request with ``budget`` output tokens may take on ``endpoint``."""
+        c = self.config
+        if not budget:
+            return c.deadline_floor_s
+        per_token = endpoint.s_per_token or c.assumed_s_per_token
+        return min(c.deadline_cap_s, c.deadline_floor_s + c.deadline_slack * budget * per_token)
+
+    def observe(self, url: str, tokens: float, seconds: float) -> None:
+        """Teach the pool a worker's speed from a finished generation (replies whose body
+        the pool did not see, e.g. streamed ones, can be reported here by the caller)."""
+        endpoint = self.endpoints.get(url.rstrip("/"))
+        if endpoint is not None and tokens > 0 and seconds >= 0:
+            endpoint.observe(tokens, seconds, self.config.speed_weight)
+
+    def _failed(self, endpoint: Endpoint, *, missed: bool = False) -> None:
+        """Count a failure against the worker. A breaker opened by a missed deadline means a
+        worker that holds requests without answering: every request waiting on it is
+        released now (they move to other workers) instead of each waiting out its own."""
+        if missed:
+            endpoint.timeouts += 1
+        opened = endpoint.breaker.failure()
+        if opened and missed:
+            endpoint.release(asyncio.get_running_loop().time())
+        if endpoint.breaker.opened_at is not None:
+            self._watch()
+
     # -- sending -------------------------------------------------------------------------------
+    def _pick(
+        self, key: str | None, only: str | None, missed: set[str], errors: list[str]
+    ) -> Endpoint | None:
+        """The worker for the next attempt, its send right claimed; None (reason noted) when
+        none may be tried now."""
+        if only is not None:
+            pinned = self.endpoints.get(only.rstrip("/"))
+            if pinned is None:
+                raise BackendError(only, "not a configured endpoint")
+            pool = [pinned] if pinned.breaker.available() else []
+        else:
+            pool = self.candidates(key)
+        pool = [e for e in pool if e.url not in missed]
+        endpoint = next((e for e in pool if e.breaker.acquire()), None)
+        if endpoint is None:
+            errors.append(f"{only or ', '.join(self.urls)}: circuit open")
+        return endpoint
+
     @asynccontextmanager
     async def send(
         self,
@@ -231,26 +202,25 @@ class EndpointPool:
         key: str | None = None,
         only: str | None = None,
         on_attempt: Callable[[str], None] | None = None,
+        budget: int | None = None,
     ) -> AsyncIterator[tuple[Endpoint, httpx.Response]]:
         """Open a response (headers read, body not yet) on the best worker, retrying what is
         safe. ``only`` pins one worker (no failover), e.g. to abort where a request runs;
-        ``on_attempt`` is told each worker tried.
-        The response is closed, and the worker's slot released, when the block exits."""
+        ``on_attempt`` is told each worker tried; ``budget`` (output tokens) sizes the
+        deadline, read from the body when not given. The deadline covers the caller's block
+        too (reading the body): past it the block is cancelled and ``BackendTimeoutError``
+        raised. The response is closed, and the worker's slot released, when the block exits."""
+        budget = budget if budget is not None else request_budget(body)
+        loop = asyncio.get_running_loop()
         errors: list[str] = []
+        missed: set[str] = set()  # workers that may still run it: never sent it again
         for attempt in range(self.config.max_retries + 1):
+            if missed and all(u in missed for u in ([only.rstrip("/")] if only else self.urls)):
+                break  # no worker left that has not let this request's deadline pass
             if attempt:
                 await self.sleep(self._backoff(attempt - 1))
-            if only is not None:
-                pinned = self.endpoints.get(only.rstrip("/"))
-                if pinned is None:
-                    raise BackendError(only, "not a configured endpoint")
-                pool = [pinned] if pinned.breaker.available() else []
-            else:
-                pool = self.candidates(key)
-            endpoint = next((e for e in pool if e.breaker.acquire()), None)
+            endpoint = self._pick(key, only, missed, errors)
             if endpoint is None:
-                names = only or ", ".join(self.urls)
-                errors.append(f"{names}: circuit open")
                 continue
             endpoint.attempts += 1
             self._settle(key, endpoint)  # now, so a query's concurrent requests follow it
@@ -259,30 +229,60 @@ class EndpointPool:
             where = endpoint.url + path
             async with endpoint.semaphore:
                 endpoint.inflight += 1
+                started = loop.time()
+                limit = self.deadline_s(endpoint, budget)
+                timer = asyncio.timeout_at(started + limit)
+                endpoint.pending[timer] = started + limit
+                opened = False
                 try:
-                    response = await self._open(endpoint, method, path, body)
+                    async with timer:
+                        response = await self._open(endpoint, method, path, body)
+                        opened = True
+                        try:
+                            yield endpoint, response
+                        finally:
+                            await response.aclose()
+                    if budget:
+                        done = completion_tokens(response)
+                        if done:
+                            self.observe(endpoint.url, done, loop.time() - started)
+                    return
                 except _Retryable as exc:
-                    endpoint.inflight -= 1
-                    endpoint.breaker.failure()
+                    self._failed(endpoint)
                     errors.append(f"{where}: {exc.reason}")
                     continue
+                except (TimeoutError, _Missed) as exc:
+                    if isinstance(exc, TimeoutError) and not timer.expired():
+                        raise  # not our deadline: the caller's own TimeoutError
+                    endpoint.pending.pop(timer, None)
+                    released = timer.expired() and (timer.when() or 0.0) < started + limit
+                    if released:
+                        reason = "released: the worker stopped answering (its breaker opened)"
+                    elif isinstance(exc, _Missed):
+                        reason = str(exc)
+                    else:
+                        reason = f"no answer within its {limit:.1f} s deadline"
+                    self._failed(endpoint, missed=not released)
+                    if opened:  # the caller had the response: it cannot be sent again here
+                        raise BackendTimeoutError(where, reason) from None
+                    missed.add(endpoint.url)
+                    errors.append(f"{where}: {reason}")
+                    continue
                 except BaseException:
-                    endpoint.inflight -= 1
-                    endpoint.breaker.probing = False  # a cancelled probe frees the slot
+                    if not opened:
+                        endpoint.breaker.probing = False  # a cancelled probe frees the slot
                     raise
-                try:
-                    yield endpoint, response
-                    return
                 finally:
+                    endpoint.pending.pop(timer, None)
                     endpoint.inflight -= 1
-                    await response.aclose()
         target = errors[-1].split(": ", 1)[0] if errors else ", ".join(self.urls)
         detail = "; ".join(errors)
-        raise BackendError(target, f"failed after {len(errors)} attempt(s): {detail}")
+        kind = BackendTimeoutError if missed else BackendError
+        raise kind(target, f"failed after {len(errors)} attempt(s): {detail}")
 
     async def _open(self, endpoint: Endpoint, method: str, path: str, body: Any) -> httpx.Response:
         where = endpoint.url + path
-        request = self.http.build_request(method, where, json=body)
+        request = self.http.build_request(method, where, json=body, headers=self._headers)
         try:
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -291,9 +291,8 @@ class EndpointPool:
             # Lost before the status line: no byte of a response, safe to send again.
             raise _Retryable(f"connection lost before a response ({type(exc).__name__})") from exc
         except httpx.TimeoutException as exc:
-            # The server may still be working on it; resending would duplicate the work.
-            endpoint.breaker.failure()
-            raise BackendTimeoutError(where, f"no response within the deadline ({exc!r})") from exc
+            # The server may still be working on it: resend only to another worker.
+            raise _Missed(f"no response within the read timeout ({type(exc).__name__})") from exc
         if response.status_code in RETRYABLE_STATUS:
             text = (await response.aread()).decode(errors="replace")[:200]
             await response.aclose()
@@ -302,7 +301,7 @@ class EndpointPool:
             text = (await response.aread()).decode(errors="replace")[:500]
             await response.aclose()
             if response.status_code >= 500:
-                endpoint.breaker.failure()
+                self._failed(endpoint)
             else:
                 endpoint.breaker.success()  # a 4xx is our fault, the worker is alive
             raise BackendError(where, f"HTTP {response.status_code}: {text}")

@@ -15,7 +15,7 @@ from spec_tot.requests import Completion, FinishReason, GenerateRequest, Generat
 from ._common import judge_probability, reward_texts, sigmoid, spread_scores
 from ._http import EndpointPool, query_key
 
-__all__ = ["Member", "SGLangRewards", "WireGroup", "parse_output"]
+__all__ = ["Member", "SGLangLoads", "SGLangRewards", "WireGroup", "parse_output"]
 
 _REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -57,9 +57,16 @@ class WireGroup:
     open: bool = True
     aborted: bool = False
     progress: dict[int, int] = field(default_factory=dict)  # sample -> tokens so far
+    rids: list[str] = field(default_factory=list)  # one server rid per sample, once sent
 
     def live(self) -> list[Member]:
         return [m for m in self.members if not m.future.done()]
+
+    def sample_rids(self, members: Sequence[Member] | None = None) -> list[str]:
+        """The server rids of these members' samples (all samples by default)."""
+        if members is None:
+            return list(self.rids)
+        return [r for m in members for r in self.rids[m.offset : m.offset + m.request.n]]
 
 
 class SGLangRewards:
@@ -108,3 +115,39 @@ class SGLangRewards:
             logprobs = {int(e[1]): float(e[0]) for e in first[0] or []}
             scores.append(judge_probability(logprobs, good, bad))
         return scores
+
+
+class SGLangLoads:
+    """``reported_load`` for SGLang: ``GET /v1/loads?include=core`` (SGLang 0.5.10 to 0.5.23:
+    ``{"loads": [{"num_running_reqs", "num_waiting_reqs", ...}]}``, one row per DP rank) read
+    from every worker in the background; the backend supplies ``pool`` and ``config``."""
+
+    pool: EndpointPool
+    config: Any
+    _loads: dict[str, float]  # worker URL -> running + waiting it last reported
+    _poller: asyncio.Task[None] | None
+
+    def reported_load(self) -> float | None:
+        """Running + waiting requests the workers last reported on ``/v1/loads`` (every
+        client's), summed; None until a worker has answered."""
+        return sum(self._loads.values()) if self._loads else None
+
+    def _start_polling(self) -> None:
+        if self._poller is None and self.config.load_poll_s > 0:
+            self._poller = asyncio.create_task(self._poll_loads())
+
+    async def _poll_loads(self) -> None:
+        while True:
+            for url in self.pool.urls:
+                try:
+                    _, value = await self.pool.json("GET", "/v1/loads?include=core", only=url)
+                    loads = value.get("loads") if isinstance(value, dict) else None
+                    self._loads[url] = float(
+                        sum(
+                            int(d.get("num_running_reqs", 0)) + int(d.get("num_waiting_reqs", 0))
+                            for d in loads or ()
+                        )
+                    )
+                except (BackendError, AttributeError, TypeError, ValueError):
+                    self._loads.pop(url, None)  # unknown now: never a stale figure
+            await asyncio.sleep(self.config.load_poll_s)

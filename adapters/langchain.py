@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,9 +27,10 @@ from langchain_core.rate_limiters import BaseRateLimiter
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 
-from spec_tot._private.compiled import stable_seed
+from spec_tot.adapters._saturation import LoadProbe
 from spec_tot.backends import GenerationBackend, RewardBackend
 from spec_tot.errors import BackendError, ConfigError
+from spec_tot.executor.seeds import query_seed
 from spec_tot.graph import State, ThoughtGraph
 from spec_tot.requests import (
     Capabilities,
@@ -37,6 +39,7 @@ from spec_tot.requests import (
     GenerateRequest,
     GenerateResult,
     RewardItem,
+    SamplingParams,
 )
 
 __all__ = ["LangChainBackend", "RunnableReward", "add_tool", "tool_node"]
@@ -96,6 +99,11 @@ class LangChainBackend(GenerationBackend):
     ``seed`` field). ``sampling_kwargs``: also pass temperature/top_p/max_tokens per call
     (only for models that take them as call arguments). ``to_input`` turns the prompt text
     into the model's input (default: the text; chat models read it as one human message).
+
+    ``saturation``: the concurrency past which the provider slows down (the speculation
+    budget's capacity). None: measured from the backend's own traffic (``LoadProbe``: call
+    latency against calls in flight), bounded by ``max_concurrency``; ``measure_saturation``
+    measures it up front with probe calls.
     """
 
     def __init__(
@@ -108,11 +116,17 @@ class LangChainBackend(GenerationBackend):
         sampling_kwargs: bool = False,
         to_input: Callable[[str], Any] | None = None,
         name: str | None = None,
+        saturation: int | None = None,
     ) -> None:
         if not isinstance(model, BaseChatModel | BaseLLM):
             raise ConfigError("model", f"expected a BaseChatModel or BaseLLM, got {model!r}")
         if max_concurrency is not None and max_concurrency < 1:
             raise ConfigError("max_concurrency", f"must be >= 1, got {max_concurrency}")
+        if saturation is not None and saturation < 1:
+            raise ConfigError("saturation", f"must be >= 1, got {saturation}")
+        self.saturation = saturation
+        self.probe = LoadProbe(initial=min(4, max_concurrency or 4))
+        self._running = 0
         self.model = model
         self.rate_limiter = rate_limiter
         self.max_concurrency = max_concurrency
@@ -128,11 +142,27 @@ class LangChainBackend(GenerationBackend):
 
     @property
     def capabilities(self) -> Capabilities:
+        saturation = self.saturation or self.probe.estimate()
+        if self.max_concurrency is not None:
+            saturation = min(saturation, self.max_concurrency)
         return Capabilities(
             name=self.name,
-            saturation_batch=self.max_concurrency or 32,
-            max_running_requests=self.max_concurrency or 256,
+            saturation_batch=saturation,
+            max_running_requests=self.max_concurrency or 1024,
         )
+
+    async def measure_saturation(
+        self, prompt: str = "Hello", levels: Sequence[int] = (1, 2, 4, 8, 16, 32)
+    ) -> int:
+        """Send ``level`` concurrent probe calls for each level (``sum(levels)`` model calls
+        in all) and return the saturation the probe then estimates."""
+        for level in levels:
+            requests = [
+                GenerateRequest(f"saturation-probe-{level}-{i}", SamplingParams(), prompt=prompt)
+                for i in range(level)
+            ]
+            await asyncio.gather(*(self.generate(r) for r in requests))
+        return self.capabilities.saturation_batch
 
     @property
     def num_inflight(self) -> int:
@@ -155,7 +185,7 @@ class LangChainBackend(GenerationBackend):
             kwargs["stop"] = list(request.sampling.stop)
         if self.seed:
             base = request.sampling.seed if request.sampling.seed is not None else 0
-            kwargs["seed"] = stable_seed(base, f"{request.request_id}#{index}")
+            kwargs["seed"] = query_seed(base, f"{request.request_id}#{index}")
         if self.sampling_kwargs:
             kwargs["temperature"] = request.sampling.temperature
             kwargs["top_p"] = request.sampling.top_p
@@ -170,14 +200,21 @@ class LangChainBackend(GenerationBackend):
             if self.rate_limiter is not None:
                 await self.rate_limiter.aacquire(blocking=True)
             self.num_calls += 1
-            output = await self.model.ainvoke(
-                self.to_input(request.prompt or ""), **self._call_kwargs(request, index)
-            )
+            self._running += 1
+            inflight, started = self._running, time.perf_counter()
+            try:
+                output = await self.model.ainvoke(
+                    self.to_input(request.prompt or ""), **self._call_kwargs(request, index)
+                )
+            finally:
+                self._running -= 1
         finally:
             if gate is not None:
                 gate.release()
         text = _text(output)
-        return Completion(text=text, num_tokens=_num_tokens(output, text))
+        tokens = _num_tokens(output, text)
+        self.probe.record(inflight, time.perf_counter() - started, tokens)
+        return Completion(text=text, num_tokens=tokens)
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if request.prompt is None:

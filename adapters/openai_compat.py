@@ -196,11 +196,24 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
     async def _call(self, run: _Run) -> None:
         key = query_key(run.request.request_id)
         body = self._body(run.request)
-        async with self.pool.send("POST", "/v1/completions", body, key=key) as (ep, response):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        def note(_url: str) -> None:
+            nonlocal started
+            started = loop.time()
+
+        async with self.pool.send("POST", "/v1/completions", body, key=key, on_attempt=note) as (
+            ep,
+            response,
+        ):
             where = ep.url + "/v1/completions"
             if self.config.stream:
                 async for chunk in sse_events(response, where):
                     self._take(run, chunk, delta=True)
+                # The pool learns speeds from the bodies it reads; a stream it never reads.
+                tokens = max(run.chunks.values(), default=0)
+                self.pool.observe(ep.url, tokens, loop.time() - started)
                 return
             try:
                 self._take(run, json.loads(await response.aread()), delta=False)

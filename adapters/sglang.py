@@ -1,21 +1,30 @@
 """SGLang backend: an HTTP client of SGLang's native API (no ``import sglang``).
 
-Protocol facts this relies on (SGLang ``io_struct.py`` / ``tokenizer_manager.py`` /
-``scheduler.py``):
+Read against SGLang 0.5.23's source (``srt/entrypoints/http_server.py``,
+``srt/managers/io_struct.py`` ``GenerateReqInput``, ``tokenizer_manager.py``
+``_handle_batch_request`` / ``abort_request``, ``scheduler.py`` ``abort_request``,
+``entrypoints/v1_loads.py``) and checked against 0.5.10's frontend client. What this relies on:
 
-- ``POST /generate`` takes ``text`` or ``input_ids``, ``sampling_params`` (``n``,
-  ``temperature``, ``top_p``, ``top_k``, ``max_new_tokens``, ``stop``, ``stop_token_ids``),
-  ``rid``, ``stream``, ``priority``, ``return_logprob``, ``token_ids_logprob``. One prompt
-  with n = 1 answers one object ``{text, output_ids, meta_info}``; n > 1 answers a list and
-  expands a string rid to ``f"{rid}_{i}"``. Streaming is SSE, ``data: {...}`` with
-  cumulative text, ``index`` per sample, ending ``data: [DONE]``.
+- ``POST /generate`` takes ``text`` or ``input_ids`` (one prompt or a list), ``sampling_params``
+  (one dict, or one per prompt), ``rid`` (one string, or one per prompt), ``stream``,
+  ``priority``, ``return_logprob``, ``token_ids_logprob``. One prompt answers one object
+  ``{text, output_ids, meta_info}``; a list answers a list in order. Streaming is SSE,
+  ``data: {...}`` with cumulative text and, for a list, ``index``; it ends ``data: [DONE]``.
+- Parallel samples (``n`` > 1) get *fresh* server rids (``regenerate_rid()``) and the request's
+  own rid is dropped, so they cannot be aborted by any id the client knows. So this client
+  never sends n > 1: each sample is its own prompt in a batched request with its own rid
+  ``{request_id}#{serial}#{k}#`` (prefix-free: ``#`` ends every rid), and its own seed
+  (``sample_seed``). The radix cache still shares the prompt's KV between them.
 - ``POST /abort_request {"rid"}`` is a no-op unless ``rid`` is exactly a live request id; the
   scheduler then aborts every rid that *starts with* it (a raw string prefix). So this client
-  tracks its own requests, aborts each exact server rid itself, and sends prefix-free wire rids
-  (``{request_id}#{serial}#``) so one abort never hits a sibling such as ``q/n1`` vs ``q/n10``.
-- ``GET /get_server_info`` holds ``max_running_requests``, ``max_total_num_tokens``,
-  ``enable_priority_scheduling`` (a ``priority`` is only sent where it is on), and
-  ``schedule_low_priority_values_first``.
+  tracks its own requests and aborts each live sample's exact rid itself: cancelling a
+  subtree aborts every one of its samples, n = 1 or n > 1.
+- ``GET /get_server_info`` (0.5.23 also ``/server_info``) holds ``max_running_requests``,
+  ``max_total_num_tokens``, ``enable_priority_scheduling`` (a ``priority`` is only sent where
+  it is on) and ``schedule_low_priority_values_first``.
+- ``GET /v1/loads?include=core`` (0.5.10 and later) answers ``{"loads": [{"dp_rank",
+  "num_running_reqs", "num_waiting_reqs", ...}]}``: polled in the background for
+  ``reported_load`` (every client's running + waiting requests, summed over workers).
 - ``POST /classify {"text": [...]}`` (a reward model under ``--is-embedding``) answers a list
   of ``{"embedding": [reward, ...]}``; the reward is a raw logit.
 """
@@ -43,9 +52,15 @@ from spec_tot.requests import (
     Priority,
 )
 
-from ._common import aborted_result, matches_prefix, split_http_options, sse_events
+from ._common import (
+    aborted_result,
+    matches_prefix,
+    sample_seed,
+    split_http_options,
+    sse_events,
+)
 from ._http import EndpointPool, HttpConfig, query_key
-from ._sglang_parts import Member, SGLangRewards, WireGroup, parse_output
+from ._sglang_parts import Member, SGLangLoads, SGLangRewards, WireGroup, parse_output
 
 __all__ = ["SGLangBackend", "SGLangConfig", "create_sglang"]
 
@@ -72,6 +87,7 @@ class SGLangConfig:
     good_token_id: int | None = None
     bad_token_id: int | None = None
     saturation_batch: int | None = None
+    load_poll_s: float = 0.5  # how often /v1/loads is read for reported_load; 0: never
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:
@@ -79,20 +95,25 @@ class SGLangConfig:
             raise ConfigError("urls", "give at least one SGLang URL")
         if self.reward not in ("classify", "generative"):
             raise ConfigError("reward", f"must be 'classify' or 'generative', not {self.reward!r}")
+        if not (self.load_poll_s >= 0):
+            raise ConfigError("load_poll_s", f"must be >= 0, got {self.load_poll_s}")
         if self.reward == "generative" and self.good_token_id is None:
             raise ConfigError("good_token_id", "the generative PRM needs the 'good' token id")
 
 
-class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
+class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend):
     def __init__(self, config: SGLangConfig, pool: EndpointPool | None = None) -> None:
         self.config = config
         self.pool = pool or EndpointPool(list(config.urls), config.http)
         self._info: dict[str, Any] | None = None
+        self._info_fetch: asyncio.Future[tuple[str, Any]] | None = None
         self._members: dict[str, Member] = {}
         self._groups: dict[str, WireGroup] = {}
         self._collecting: dict[Any, WireGroup] = {}
         self._serial = itertools.count(1)
         self._side: set[asyncio.Task[Any]] = set()
+        self._loads: dict[str, float] = {}
+        self._poller: asyncio.Task[None] | None = None
         self.counters = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
 
     # -- contract ----------------------------------------------------------------------------
@@ -134,9 +155,12 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
         return max((group.progress.get(i, 0) for i in span), default=0)
 
     async def server_info(self) -> dict[str, Any]:
-        """``/get_server_info`` of one worker, cached; capabilities are sized from it."""
+        """``/get_server_info`` of one worker, cached; capabilities are sized from it. The
+        first requests of a burst share one fetch (not one each)."""
         if self._info is None:
-            _, info = await self.pool.json("GET", "/get_server_info")
+            if self._info_fetch is None or self._info_fetch.done():
+                self._info_fetch = asyncio.ensure_future(self.pool.json("GET", "/get_server_info"))
+            _, info = await asyncio.shield(self._info_fetch)
             self._info = info if isinstance(info, dict) else {}
         return self._info
 
@@ -148,6 +172,7 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
                 await self.server_info()
             except BackendError:
                 self._info = None  # generate() fails over on its own; sizes stay default
+        self._start_polling()
         member = Member(request, asyncio.get_running_loop().create_future())
         self._members[request.request_id] = member
         self._join(member)
@@ -174,22 +199,30 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
             if all(m.aborted or m.future.done() for m in group.members):
                 group.aborted = True
                 if group.endpoint is not None:  # running: the server answers with partials
-                    await self._abort_on_server(group)
+                    await self._abort_on_server(group, group.sample_rids())
                 elif group.task is not None:  # never sent: nothing on the server
                     group.task.cancel()
                     for m in group.live():
                         m.future.set_result(aborted_result(m.request))
-            else:  # others still want this wire request: answer these now, keep it running
-                for m in group.live():
-                    if m.aborted:
-                        m.future.set_result(aborted_result(m.request))
+            else:  # others still want this wire request: stop only these members' samples
+                gone = [m for m in group.live() if m.aborted]
+                for m in gone:
+                    m.future.set_result(aborted_result(m.request))
+                if group.endpoint is not None:
+                    await self._abort_on_server(group, group.sample_rids(gone))
         return len(hit)
 
     async def aclose(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            await asyncio.gather(self._poller, return_exceptions=True)
         for group in list(self._groups.values()):
             if group.task is not None:
                 group.task.cancel()
         tasks = [g.task for g in self._groups.values() if g.task is not None]
+        if self._info_fetch is not None:
+            self._info_fetch.cancel()
+            tasks.append(self._info_fetch)
         await asyncio.gather(*tasks, *self._side, return_exceptions=True)
         await self.pool.aclose()
 
@@ -255,7 +288,7 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
                 )
             except asyncio.CancelledError:
                 if group.endpoint is not None and not group.aborted:
-                    job = asyncio.create_task(self._abort_on_server(group))
+                    job = asyncio.create_task(self._abort_on_server(group, group.sample_rids()))
                     self._side.add(job)
                     job.add_done_callback(self._side.discard)
                     await asyncio.shield(job)
@@ -290,31 +323,39 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
             self._forget(group)
 
     def _body(self, group: WireGroup) -> dict[str, Any]:
+        """One prompt per sample, each with its own rid and seed (never ``n`` > 1: see the
+        module docstring); a lone sample goes as a single request."""
         req = group.members[0].request
         s = req.sampling
-        params: dict[str, Any] = {
-            "n": group.n,
+        base: dict[str, Any] = {
             "temperature": s.temperature,
             "top_p": s.top_p,
             "top_k": s.top_k,
             "max_new_tokens": s.max_tokens,
         }
         if s.stop:
-            params["stop"] = list(s.stop)
+            base["stop"] = list(s.stop)
         if s.stop_token_ids:
-            params["stop_token_ids"] = list(s.stop_token_ids)
-        if self.config.forward_seed and len(group.members) == 1 and s.seed is not None:
-            # A merged group has one stream of samples; only a lone request keeps its seed.
-            params["sampling_seed"] = s.seed
+            base["stop_token_ids"] = list(s.stop_token_ids)
+        params: list[dict[str, Any]] = []
+        group.rids = []
+        for m in group.members:
+            seed = m.request.sampling.seed if self.config.forward_seed else None
+            for k in range(m.request.n):
+                params.append(
+                    base if seed is None else {**base, "sampling_seed": sample_seed(seed, k)}
+                )
+                group.rids.append(f"{group.wire}{len(group.rids)}#")
+        single = group.n == 1
+        prompt: Any = list(req.prompt_ids) if req.prompt_ids is not None else req.prompt
         body: dict[str, Any] = {
-            "sampling_params": params,
-            "rid": group.wire,
+            "input_ids" if req.prompt_ids is not None else "text": prompt
+            if single
+            else [prompt] * group.n,
+            "sampling_params": params[0] if single else params,
+            "rid": group.rids[0] if single else group.rids,
             "stream": self.config.stream,
         }
-        if req.prompt_ids is not None:
-            body["input_ids"] = list(req.prompt_ids)
-        else:
-            body["text"] = req.prompt
         info = self._info or {}
         if info.get("enable_priority_scheduling"):
             # Ours: lower runs first. SGLang's default runs *higher* values first.
@@ -353,11 +394,16 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
         latest: dict[int, dict[str, Any]] = {}
         ids: dict[int, list[int]] = {}
         incremental = bool((self._info or {}).get("stream_output"))
-        route, note = self._route(group), self._where(group)
-        async with self.pool.send("POST", "/generate", body, key=route, on_attempt=note) as (
-            endpoint,
-            response,
-        ):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        def note(url: str) -> None:
+            nonlocal started
+            group.endpoint, started = url, loop.time()
+
+        async with self.pool.send(
+            "POST", "/generate", body, key=self._route(group), on_attempt=note
+        ) as (endpoint, response):
             async for chunk in sse_events(response, endpoint.url + "/generate"):
                 index = int(chunk.get("index", 0))
                 latest[index] = chunk
@@ -365,13 +411,15 @@ class SGLangBackend(SGLangRewards, GenerationBackend, RewardBackend):
                     ids.setdefault(index, []).extend(chunk.get("output_ids") or ())
                 meta = chunk.get("meta_info") or {}
                 group.progress[index] = int(meta.get("completion_tokens", 0))
+            # The pool learns speeds from the bodies it reads; a stream it never reads.
+            self.pool.observe(endpoint.url, max(group.progress.values(), default=0),
+                              loop.time() - started)  # fmt: skip
         return [(latest[i], ids.get(i) if incremental else None) for i in sorted(latest)]
 
-    async def _abort_on_server(self, group: WireGroup) -> None:
-        """Abort each exact server rid of a wire request on the worker that holds it."""
-        if group.endpoint is None:
+    async def _abort_on_server(self, group: WireGroup, rids: Sequence[str]) -> None:
+        """Abort each exact server rid on the worker that holds the wire request."""
+        if group.endpoint is None or not rids:
             return
-        rids = [group.wire] if group.n == 1 else [f"{group.wire}_{i}" for i in range(group.n)]
         self.counters["server_aborts"] += 1
         results = await asyncio.gather(
             *(

@@ -1,8 +1,19 @@
-"""Embedded engine throughput vs transformers (static ``generate`` and continuous batching).
+"""Embedded engine throughput, two workloads, one process, variants interleaved.
 
-Same model (a random-init 4-layer, 128-wide Llama unless ``--model PATH``), same prompts,
-greedy, a fixed number of new tokens (no eos), batch sizes 1, 4, 16, 64, one timed run each
-after a small warm-up. Output tokens per second, JSON via ``--json PATH``, one summary line.
+1. **Static batches** vs transformers' static ``generate``: the same model (a random-init
+   4-layer, 128-wide Llama unless ``--model PATH``), the same prompts, greedy, a fixed number
+   of new tokens (EOS ignored), batch sizes 1..64. For each batch the variants run in turn,
+   ``--repeats`` rounds; each keeps its best round (noise on a shared machine only slows).
+2. **Stream of short requests**: ``LONG`` requests decode while short requests (10-30 new
+   tokens, 20 on average, ToT-child prompts: a shared 48-token question plus 16 tokens of
+   their own) arrive, ``SHORT`` in flight (a closed loop: a new one as soon as one
+   finishes), until ``--short`` of them are done. Mixed steps (``mixed_steps=True``) vs the
+   all-prefill / all-decode scheduler (``False``), same model, same requests, prefix caching
+   on, engines built once; output tokens per second over the whole run.
+
+Output tokens per second by wall time and by this process's CPU time (steadier on a shared
+machine), JSON via ``--json PATH``, one summary line. ``uptime``'s load is recorded beside
+the figures.
 
     python benchmarks/engine.py --json /tmp/engine.json
 """
@@ -11,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -47,13 +59,11 @@ def _prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(16, 48))] for _ in range(batch)]
 
 
-def make_ours(hf: Any) -> Callable[[Any, list[list[int]], int], int]:
-    """Our engine, built once outside the timed region (a server keeps it warm), running
-    greedy fixed-length requests to completion."""
+def make_engine(hf: Any, **options: Any) -> Any:
+    """Our engine, built once outside the timed region (a server keeps it warm)."""
     from spec_tot.adapters.local.config import EngineConfig
     from spec_tot.adapters.local.engine import LLMEngine
     from spec_tot.adapters.local.loader import from_hf_model
-    from spec_tot.requests import GenerateRequest, SamplingParams
 
     config = EngineConfig(
         model_config={},
@@ -61,16 +71,23 @@ def make_ours(hf: Any) -> Callable[[Any, list[list[int]], int], int]:
         num_kv_blocks=1024,
         max_num_seqs=128,
         max_model_len=1024,
-        max_num_batched_tokens=8192,
+        max_num_batched_tokens=options.pop("max_num_batched_tokens", 2048),
         saturation_batch=32,
-        enable_prefix_caching=False,  # nothing to share here; keep the comparison plain
+        enable_prefix_caching=options.pop("enable_prefix_caching", False),
+        **options,
     )
-    engine = LLMEngine(config, from_hf_model(hf, "cpu", torch.float32))
-    engine.eos_ids = frozenset()  # fixed-length generation, like the baselines
+    return LLMEngine(config, from_hf_model(hf, "cpu", torch.float32))
+
+
+def make_ours(hf: Any, **options: Any) -> Callable[[Any, list[list[int]], int], int]:
+    """Greedy fixed-length requests run to completion on one engine."""
+    from spec_tot.requests import GenerateRequest, SamplingParams
+
+    engine = make_engine(hf, **options)
     counter = iter(range(10**9))
 
     def run(_hf: Any, prompts: list[list[int]], new: int) -> int:
-        params = SamplingParams(temperature=0.0, max_tokens=new)
+        params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
         for ids in prompts:
             engine.add_request(GenerateRequest(f"r{next(counter)}", params, prompt_ids=tuple(ids)))
         tokens = 0
@@ -97,83 +114,138 @@ def run_static(hf: Any, prompts: list[list[int]], new: int) -> int:
     return int((out.shape[1] - width) * len(prompts))
 
 
-def run_cb(hf: Any, prompts: list[list[int]], new: int) -> int:
-    from transformers import GenerationConfig
+def stream_workload(engine: Any, vocab: int, *, short: int, in_flight: int, long: int) -> int:
+    """Output tokens of ``long`` decoding requests plus a closed loop of short ones (10 to
+    30 new tokens each, 20 on average; the same requests for every engine), run until the
+    last short one finishes."""
+    from spec_tot.requests import GenerateRequest, SamplingParams
 
-    config = GenerationConfig(
-        max_new_tokens=new,
-        min_new_tokens=new,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
-    with torch.inference_mode():
-        # persistent manager: its set-up (seconds on CPU) is paid once, in the warm-up
-        out = hf.generate_batch(
-            inputs=prompts, generation_config=config, progress_bar=False, persistent_manager=True
-        )
-    return sum(len(o.generated_tokens) for o in out.values())
+    rng = random.Random(7)
+    stem = [rng.randrange(3, vocab) for _ in range(48)]
+    long_params = SamplingParams(temperature=0.0, max_tokens=10**4 // 16, ignore_eos=True)
+    for i in range(long):
+        ids = tuple(rng.randrange(3, vocab) for _ in range(64))
+        engine.add_request(GenerateRequest(f"long/{i}", long_params, prompt_ids=ids))
+    sent = done = tokens = 0
+    while done < short:
+        # each finished one is replaced at once; their lengths differ, so arrivals spread
+        # over the steps, as the children of a search arrive
+        while sent - done < in_flight and sent < short:
+            tail = tuple(rng.randrange(3, vocab) for _ in range(16))
+            ids = tuple(stem) + tail  # a ToT child: the question, then its own steps
+            # 20 tokens on average, as search steps vary: 10..30
+            params = SamplingParams(
+                temperature=0.0, max_tokens=rng.randint(10, 30), ignore_eos=True
+            )
+            engine.add_request(GenerateRequest(f"short/{sent}", params, prompt_ids=ids))
+            sent += 1
+        for result in engine.step():
+            done += result.request_id.startswith("short/")
+            tokens += sum(c.num_tokens for c in result.completions)
+    return tokens + sum(c.num_tokens for r in engine.abort("long") for c in r.completions)
 
 
-def _time(fn: Callable[..., int], *args: Any) -> float:
-    start = time.perf_counter()
-    tokens = fn(*args)
-    return tokens / (time.perf_counter() - start)
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _measure(fn: Callable[[], int]) -> tuple[float, float]:
+    """(tokens per wall second, tokens per CPU second of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = fn()
+    return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
+
+
+def _best(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
+    """Each variant's best of ``repeats`` rounds (wall and CPU tokens/s), the variants
+    interleaved in each round."""
+    best = {name: {"wall": 0.0, "cpu": 0.0} for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            wall, cpu = _measure(fn)
+            best[name]["wall"] = max(best[name]["wall"], wall)
+            best[name]["cpu"] = max(best[name]["cpu"], cpu)
+    return {n: {k: round(v, 1) for k, v in b.items()} for n, b in best.items()}
+
+
+def _ratio(results: dict[str, dict[str, float]], top: str, bottom: str) -> dict[str, float]:
+    return {k: round(results[top][k] / results[bottom][k], 2) for k in ("wall", "cpu")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None, help="local HF folder (default: random 4x128)")
-    parser.add_argument("--batches", default="1,4,16,64")
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--skip-cb", action="store_true", help="skip transformers' CB")
-    parser.add_argument("--repeats", type=int, default=3, help="best of N timed runs")
+    parser.add_argument("--repeats", type=int, default=5, help="best of N rounds")
+    parser.add_argument("--short", type=int, default=160, help="short requests a stream")
+    parser.add_argument(
+        "--streams",
+        default="32x8,32x16,32x32,0x32",
+        help="stream workloads, LONGxSHORT: decoding requests x short ones in flight",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     hf = _hf_model(args.model)
     vocab = hf.config.vocab_size
-    methods: dict[str, Callable[..., int]] = {"ours": make_ours(hf), "static": run_static}
-    if not args.skip_cb:
-        methods["transformers_cb"] = run_cb
-    batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, dict[str, float]] = {str(b): {} for b in batches}
-    # One method at a time, CB last: its persistent manager keeps a thread alive that would
-    # otherwise compete with the others. Best of ``--repeats`` runs: noise only slows down.
-    for name, fn in methods.items():
-        try:
-            fn(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
-        except Exception as exc:  # an API missing in this transformers: report, go on
-            print(f"{name}: unavailable ({exc!r})")
-            continue
-        for batch in batches:
-            prompts = _prompts(batch, vocab, batch)
-            best = max(_time(fn, hf, prompts, args.new_tokens) for _ in range(args.repeats))
-            results[str(batch)][name] = round(best, 1)
-    for batch in batches:
-        print(
-            f"batch {batch:3d}: "
-            + "  ".join(f"{n} {v:8.1f} tok/s" for n, v in results[str(batch)].items())
+    ours = make_ours(hf)
+    ours(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
+    run_static(hf, _prompts(2, vocab, 99), 4)
+    load_before = _load()
+    static: dict[str, Any] = {}
+    for batch in [int(b) for b in args.batches.split(",")]:
+        prompts = _prompts(batch, vocab, batch)
+        static[str(batch)] = _best(
+            {
+                "ours": lambda p=prompts: ours(hf, p, args.new_tokens),
+                "static": lambda p=prompts: run_static(hf, p, args.new_tokens),
+            },
+            args.repeats,
         )
-    ratios = {
-        b: {k: round(r["ours"] / r[k], 2) for k in r if k != "ours"} for b, r in results.items()
+        static[str(batch)]["ratio"] = _ratio(static[str(batch)], "ours", "static")
+        print(f"batch {batch:3d}: {static[str(batch)]}  (load {_load()})", flush=True)
+    # the stream's children share their question: prefix caching on, as a search runs
+    engines = {
+        "mixed": make_engine(hf, enable_prefix_caching=True),
+        "legacy": make_engine(hf, mixed_steps=False, enable_prefix_caching=True),
     }
+    streams: dict[str, Any] = {}
+    for spec in args.streams.split(","):
+        long, in_flight = (int(x) for x in spec.split("x"))
+        streams[spec] = _best(
+            {
+                name: lambda e=engine, n=long, f=in_flight: stream_workload(
+                    e, vocab, short=args.short, in_flight=f, long=n
+                )
+                for name, engine in engines.items()
+            },
+            args.repeats,
+        )
+        streams[spec]["ratio"] = _ratio(streams[spec], "mixed", "legacy")
+        print(f"stream {spec} (decoding x short in flight): {streams[spec]}  (load {_load()})")
     summary = {
-        "results_tok_s": results,
-        "ratios_ours_over": ratios,
+        "static_tok_s": static,
+        "stream_tok_s": streams,
         "threads": args.threads,
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
+        "short_requests": args.short,
         "model": args.model or "random llama 4x128",
+        "load_before": load_before,
+        "load_after": _load(),
     }
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)
-    line = "; ".join(
-        f"b{b}: " + ", ".join(f"{v}x vs {k}" for k, v in r.items()) for b, r in ratios.items()
+    line = ", ".join(f"b{b} {r['ratio']['wall']}x" for b, r in static.items())
+    stream_line = ", ".join(f"{k} {r['ratio']['wall']}x" for k, r in streams.items())
+    print(
+        f"engine / transformers static generate (wall tok/s, best of {args.repeats}): {line}; "
+        f"mixed / all-prefill-or-decode steps on a stream of short requests: {stream_line} "
+        f"(load {load_before} -> {_load()}; CPU-time ratios in the JSON)"
     )
-    print(f"engine throughput ratio (ours / baseline): {line}")
 
 
 if __name__ == "__main__":

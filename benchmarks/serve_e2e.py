@@ -1,11 +1,19 @@
-"""Game of 24 end to end through the SGLang adapter against ``spec-tot serve``.
+"""Game of 24 end to end through ``spec-tot serve`` with both HTTP adapters.
 
-Starts ``spec-tot serve`` (the embedded engine behind SGLang's native HTTP API) as a separate
-process on 127.0.0.1, runs the full executor over the SGLang adapter (generation over
-/generate with ``sampling_seed``, the PRM over /classify), then runs the same puzzles, seeds
-and mode on the embedded backend directly, and compares answers and solve rates.
+Starts ``spec-tot serve`` (the embedded engine behind SGLang's native API and the OpenAI API)
+as a separate process on 127.0.0.1, runs the executor over the SGLang adapter (generation over
+/generate with ``sampling_seed``, the PRM over /classify), then over the OpenAI adapter
+(generation over /v1/completions with ``seed``, the PRM over /classify), then the same
+puzzles, seeds and mode on the embedded backend directly, and compares answers and solve
+rates.
 
-    python benchmarks/serve_e2e.py --queries 20 --mode full --json serve.json
+``--keepalive-rounds R`` then runs the SGLang path R more times with the HTTP pool's own
+client (no keep-alive) and with an httpx client that keeps connections alive, interleaved,
+and reports the wall-time ratio: httpcore 1.0.9 hands one idle keep-alive connection to every
+request of a burst, which is why the pool opens a connection per request.
+
+    python benchmarks/serve_e2e.py --queries 20 --mode baseline --json serve.json
+    python benchmarks/serve_e2e.py --queries 10 --keepalive-rounds 3
 """
 
 from __future__ import annotations
@@ -22,8 +30,10 @@ from typing import Any
 
 import httpx
 
+from spec_tot.adapters._http import EndpointPool
 from spec_tot.adapters.local import create_local
-from spec_tot.adapters.sglang import create_sglang
+from spec_tot.adapters.openai_compat import create_openai
+from spec_tot.adapters.sglang import SGLangBackend, SGLangConfig, create_sglang
 from spec_tot.config import ExecutorConfig
 from spec_tot.graphs import game24_task as task
 from spec_tot.graphs.game24 import compile_game24, game24_inputs
@@ -49,52 +59,90 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 12
     raise TimeoutError(f"spec-tot serve did not become healthy at {url}")
 
 
-async def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    inputs = game24_inputs(args.queries)
+async def _over_http(args: argparse.Namespace, url: str, api: str) -> tuple[Any, float]:
     config = ExecutorConfig(mode=args.mode, seed=args.seed, max_concurrency=args.concurrency)
-    remote = create_sglang(urls=[url], dedup=False, reward_per_step=True)
-    over_http = compile_game24(search=args.search, backend=remote, reward=remote, config=config)
+    rewards = create_sglang(urls=[url], dedup=False, reward_per_step=True)
+    if api == "sglang-keepalive":  # the same adapter over a client that keeps connections
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        client = httpx.AsyncClient(timeout=600.0, limits=limits)
+        pool = EndpointPool([url], client=client)
+        await rewards.aclose()
+        rewards = SGLangBackend(SGLangConfig(urls=(url,), dedup=False, reward_per_step=True), pool)
+    if api.startswith("sglang"):
+        gen: Any = rewards
+    else:
+        gen = create_openai(urls=[url], model="default", stream=True)
+    app = compile_game24(search=args.search, backend=gen, reward=rewards, config=config)
     started = time.perf_counter()
-    http_batch = await over_http.arun_batch(inputs)
-    http_wall = time.perf_counter() - started
-    info = httpx.get(f"{url}/get_server_info").json()
-    await remote.aclose()
+    try:
+        batch = await app.arun_batch(game24_inputs(args.queries))
+    finally:
+        if gen is not rewards:
+            await gen.aclose()
+        await rewards.aclose()
+        if api == "sglang-keepalive":
+            await rewards.pool.http.aclose()  # a client the pool was given stays open
+    return batch, time.perf_counter() - started
 
+
+async def _run(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    runs = {api: await _over_http(args, url, api) for api in ("sglang", "openai")}
+    info = httpx.get(f"{url}/get_server_info").json()
     folder = task.asset_dir()
     direct_backend = create_local(
         policy_path=str(folder / "policy"),
         prm_path=str(folder / "prm"),
         saturation_batch=info["saturation_batch"],
     )
+    config = ExecutorConfig(mode=args.mode, seed=args.seed, max_concurrency=args.concurrency)
     direct = compile_game24(search=args.search, backend=direct_backend, config=config)
     started = time.perf_counter()
-    direct_batch = await direct.arun_batch(inputs)
+    direct_batch = await direct.arun_batch(game24_inputs(args.queries))
     direct_wall = time.perf_counter() - started
     await direct_backend.aclose()
 
-    same = sum(
-        a.answer == b.answer for a, b in zip(http_batch.results, direct_batch.results, strict=True)
-    )
-    return {
+    report: dict[str, Any] = {
         "mode": args.mode,
         "search": args.search,
         "queries": args.queries,
         "seed": args.seed,
-        "http": {"solved": http_batch.metrics.solved, "wall_s": http_wall},
         "direct": {"solved": direct_batch.metrics.solved, "wall_s": direct_wall},
-        "same_answers": same,
-        "http_errors": [r.errors for r in http_batch.results if r.errors],
     }
+    walls: dict[str, list[float]] = {"sglang": [], "sglang-keepalive": []}
+    for _ in range(args.keepalive_rounds):
+        for api in walls:
+            batch, wall = await _over_http(args, url, api)
+            same = sum(a.answer == b.answer for a, b in zip(batch.results, direct_batch.results,
+                                                             strict=True))  # fmt: skip
+            walls[api].append(wall)
+            report.setdefault("keepalive", {}).setdefault(f"{api}_same_answers", []).append(same)
+    if args.keepalive_rounds:
+        report["keepalive"]["wall_s"] = walls
+        report["keepalive"]["ratio_keepalive_over_fresh"] = sum(walls["sglang-keepalive"]) / sum(
+            walls["sglang"]
+        )
+    for api, (batch, wall) in runs.items():
+        same = sum(
+            a.answer == b.answer for a, b in zip(batch.results, direct_batch.results, strict=True)
+        )
+        report[api] = {
+            "solved": batch.metrics.solved,
+            "wall_s": wall,
+            "same_answers": same,
+            "errors": [r.errors for r in batch.results if r.errors],
+        }
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--queries", type=int, default=20)
-    parser.add_argument("--mode", default="full")
+    parser.add_argument("--mode", default="baseline")
     parser.add_argument("--search", default="rebase")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--saturation-batch", type=int, default=32)
+    parser.add_argument("--keepalive-rounds", type=int, default=0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     port = _free_port()
@@ -119,10 +167,21 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report))
+    q = args.queries
+    if args.keepalive_rounds:
+        ka = report["keepalive"]
+        print(
+            f"summary: sglang path, {args.keepalive_rounds} interleaved rounds: keep-alive "
+            f"client {ka['ratio_keepalive_over_fresh']:.2f}x the wall time of the pool's "
+            "fresh connections (denominator: fresh connections)"
+        )
     print(
-        f"summary: {args.search}/{args.mode} over SGLang HTTP solved "
-        f"{report['http']['solved']}/{args.queries}, direct {report['direct']['solved']}/"
-        f"{args.queries}; identical answers {report['same_answers']}/{args.queries}"
+        f"summary: {args.search}/{args.mode}: direct solved {report['direct']['solved']}/{q}; "
+        + "; ".join(
+            f"{api} over HTTP solved {report[api]['solved']}/{q}, identical answers "
+            f"{report[api]['same_answers']}/{q}"
+            for api in ("sglang", "openai")
+        )
     )
 
 

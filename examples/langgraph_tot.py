@@ -1,194 +1,270 @@
-"""LangGraph's Tree-of-Thought tutorial shape (expand -> score -> prune, one ``Send`` per kept
-beam, conditional end), annotated for spec-tot, run twice: by LangGraph's own runtime and by
-spec-tot's executor through ``spec_tot.from_langgraph``.
+"""LangGraph's Tree-of-Thoughts tutorial graph, unmodified, run speculatively by spec-tot.
 
-Both runtimes call the same backend with the same per-branch request ids and seeds, so in
-baseline mode they answer the same; in full mode spec-tot speculates past the reward barrier.
+The graph has the tutorial's shape: ``expand`` asks a chat model (structured output) for
+``k`` equation guesses from the seed candidate, ``score`` checks them, ``prune`` keeps the
+best ``beam_size`` of the pool (parents stay in it), and ``should_terminate`` either ends
+(a candidate reached ``threshold``, or ``max_depth``) or ``Send``s one ``expand`` per kept
+beam. The only addition is node metadata telling spec-tot what may run ahead: ``expand``
+and ``score`` are pure, ``prune`` is a top-k select.
+
+The chat model here is ``ScriptedChatModel`` (its guesses are a function of the prompt,
+with 10-200 ms of latency); put ``ChatOpenAI(...)`` or ``ChatSpecTot(backend=...)`` there
+instead.
 
     python examples/langgraph_tot.py
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import operator
+import re
 import time
-from dataclasses import replace
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any, Literal, NamedTuple
 
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.prompts import ChatPromptTemplate
 from langgraph.graph import END, START, StateGraph
+from langgraph.runtime import Runtime
 from langgraph.types import Send
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
 
-import spec_tot
-from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
-from spec_tot.executor import request_seed  # the executor's per-request seed rule
-from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
+from spec_tot.adapters.scripted_chat import ScriptedChatModel, render, stable_unit
+from spec_tot.langgraph import from_langgraph
 
-SAMPLING = SamplingParams(temperature=0.8, max_tokens=64, stop=("\n",))
-ANSWER = "answer: "
-
-
-class Beam(TypedDict):
-    id: str  # spec-tot's node id: query id, then "/i" per level
-    steps: list[str]
-    seq: tuple[int, ...]  # creation order (round, rank of the parent, sample)
-    score: float
+Op = Literal["+", "-", "*", "/"]
+OPS: dict[str, Any] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+    "/": operator.truediv,
+}
 
 
-def _merge(left: list[Beam], right: list[Beam] | str) -> list[Beam]:
-    return [] if right == "clear" else [*left, *right]
+class Equation(BaseModel):
+    """An equation in reverse-polish notation over the puzzle's numbers."""
+
+    tokens: list[float | Op] = Field(description="RPN tokens, e.g. [3, 4, '+', 2, '*']")
+
+    def compute(self) -> float:
+        stack: list[float] = []
+        for token in self.tokens:
+            if isinstance(token, float):
+                stack.append(token)
+            else:
+                right, left = stack.pop(), stack.pop()
+                stack.append(OPS[token](left, right))
+        return stack[0]
 
 
-class ToTState(TypedDict, total=False):
-    question: str
-    query_id: str
-    beam: Beam  # the beam one Send expands (absent at the root)
-    rank: int
-    round: int
-    candidates: Annotated[list[Beam], _merge]
-    scored: Annotated[list[Beam], _merge]
-    beams: list[Beam]
-    finished: Annotated[list[Beam], operator.add]
+class GuessEquations(BaseModel):
+    """Several equations submitted as guesses."""
+
+    reasoning: str = Field(description="How the guesses were found")
+    equations: list[Equation] = Field(description="The guesses")
+
+
+class Candidate(NamedTuple):
+    candidate: Equation
+    score: float | None = None
+    feedback: str | None = None
+
+    def __str__(self) -> str:
+        try:
+            value: Any = self.candidate.compute()
+        except Exception as exc:
+            value = f"invalid: {exc!r}"
+        return f"Equation({self.candidate.tokens}) = {value} (Reward: {self.score})"
+
+
+def compute_score(problem: str, candidate: Candidate) -> Candidate:
+    numbers = sorted(float(x) for x in problem.split())
+    used = sorted(t for t in candidate.candidate.tokens if isinstance(t, float))
+    if used != numbers:
+        return Candidate(candidate.candidate, 0.0, "use each number exactly once")
+    try:
+        result = candidate.candidate.compute()
+    except Exception as exc:
+        return Candidate(candidate.candidate, 0.0, f"invalid equation: {exc!r}")
+    return Candidate(candidate.candidate, 1 / (1 + abs(24 - result)), f"result: {result}")
+
+
+def _merge(existing: list[Any] | None = None, update: list[Any] | str | None = None) -> list[Any]:
+    if update == "clear":
+        return []
+    return [*(existing or []), *(update or [])]
+
+
+class ToTState(TypedDict):
+    problem: str
+    candidates: Annotated[list[Candidate], _merge]
+    scored_candidates: Annotated[list[Candidate], _merge]
     depth: Annotated[int, operator.add]
 
 
-# -- what both runtimes share: branch-state callables --------------------------------------
-def prompt(state: dict[str, Any]) -> str:
-    return "\n".join([state["question"], *state["steps"]])
+class Context(TypedDict, total=False):
+    max_depth: int
+    threshold: float
+    k: int
+    beam_size: int
 
 
-def is_answer(state: dict[str, Any]) -> bool:
-    steps = state["steps"]
-    return bool(steps) and str(steps[-1]).startswith(ANSWER)
+def settings(ctx: Context | None) -> dict[str, Any]:
+    ctx = ctx or {}
+    return {
+        "max_depth": ctx.get("max_depth", 10),
+        "threshold": ctx.get("threshold", 0.9),
+        "k": ctx.get("k", 5),
+        "beam_size": ctx.get("beam_size", 3),
+    }
 
 
-def answer_of(state: dict[str, Any]) -> str | None:
-    return str(state["steps"][-1])[len(ANSWER) :] if is_answer(state) else None
+class ExpansionState(ToTState, total=False):
+    seed: Candidate | None
 
 
-def build_state_graph(
-    backend: ScriptedBackend, *, n: int = 8, width: int = 2, max_depth: int = 3, seed: int = 0
-) -> StateGraph[Any, Any, Any, Any]:
-    """The tutorial graph. ``n`` samples at the root, keep ``n // width`` beams a round, expand
-    each with ``width`` samples; stop after ``n`` finished answers or when nothing is left."""
-    keep = n // width
+PROMPT = ChatPromptTemplate.from_messages(
+    [
+        (
+            "system",
+            "You are playing the Game of 24. Using the provided numbers, create an equation "
+            "that evaluates to 24.\nSubmit exactly {k} guesses for this round.",
+        ),
+        ("user", "Solve the 24 game for these numbers: {problem}.{candidate}"),
+    ]
+).partial(candidate="")
 
-    async def expand(state: ToTState) -> dict[str, Any]:
-        beam = state.get("beam") or Beam(id=state["query_id"], steps=[], seq=(), score=0.0)
-        count = n if "beam" not in state else width
-        branch = {"question": state["question"], "steps": beam["steps"]}
 
-        async def sample(i: int) -> Beam:
-            rid = f"{beam['id']}/{i}"
-            request = GenerateRequest(
-                rid,
-                replace(SAMPLING, seed=request_seed(seed, state["query_id"], rid)),
-                prompt=prompt(branch),
+def build_tot_graph(llm: BaseChatModel) -> StateGraph[Any, Any, Any, Any]:
+    """The tutorial graph over ``llm``, with spec-tot metadata on its nodes."""
+    solver = PROMPT | llm.with_structured_output(GuessEquations)
+
+    async def expand(state: ExpansionState, *, runtime: Runtime[Context]) -> dict[str, Any]:
+        ctx = settings(runtime.context)
+        seed = state.get("seed")
+        candidate = "" if not seed else "\n\n" + str(seed)
+        try:
+            guesses: Any = await solver.ainvoke(
+                {"problem": state["problem"], "candidate": candidate, "k": ctx["k"]}
             )
-            text = (await backend.generate(request)).completions[0].text.strip()
-            order = (state.get("round", 0), state.get("rank", 0), i)
-            return Beam(id=rid, steps=[*beam["steps"], text], seq=order, score=0.0)
+        except Exception:
+            return {"candidates": []}
+        return {"candidates": [Candidate(candidate=e) for e in guesses.equations]}
 
-        return {"candidates": list(await asyncio.gather(*(sample(i) for i in range(count))))}
+    def score(state: ToTState) -> dict[str, Any]:
+        scored = [compute_score(state["problem"], c) for c in state["candidates"]]
+        return {"scored_candidates": scored, "candidates": "clear"}
 
-    async def score(state: ToTState) -> dict[str, Any]:
-        cands = sorted(state["candidates"], key=lambda c: c["seq"])
-        items = [RewardItem(c["id"], state["question"], tuple(c["steps"])) for c in cands]
-        scores = await backend.score(items)
-        scored = [Beam(**{**c, "score": s[-1]}) for c, s in zip(cands, scores, strict=True)]
-        return {"scored": scored, "candidates": "clear"}
+    def prune(state: ToTState, *, runtime: Runtime[Context]) -> dict[str, Any]:
+        beam = settings(runtime.context)["beam_size"]
+        ranked = sorted(state["scored_candidates"], key=lambda c: c[1], reverse=True)
+        return {"candidates": ranked[:beam], "scored_candidates": "clear", "depth": 1}
 
-    def prune(state: ToTState) -> dict[str, Any]:
-        scored = sorted(state["scored"], key=lambda c: c["seq"])
-        done = [c for c in scored if is_answer({"steps": c["steps"]})]
-        completed = len(state.get("finished", [])) + len(done)
-        live = [c for c in scored if c not in done and len(c["steps"]) < max_depth]
-        ranked = sorted(live, key=lambda c: (-c["score"], c["seq"]))
-        kept = ranked[:keep] if completed < n else []
-        return {"beams": kept, "finished": done, "scored": "clear", "depth": 1}
-
-    def should_continue(state: ToTState) -> Any:
-        if not state["beams"]:
+    def should_terminate(state: ToTState, runtime: Runtime[Context]) -> Any:
+        ctx = settings(runtime.context)
+        solved = state["candidates"][0].score >= ctx["threshold"]
+        if solved or state["depth"] >= ctx["max_depth"]:
             return END
-        nxt = state.get("depth", 0)
-        return [
-            Send("expand", {**_base(state), "beam": b, "rank": r, "round": nxt})
-            for r, b in enumerate(state["beams"])
-        ]
+        return [Send("expand", {**state, "seed": c}) for c in state["candidates"]]
 
-    builder = StateGraph(ToTState)
-    thought = {"kind": "thought", "prompt": prompt, "sampling": SAMPLING}
-    builder.add_node("expand", expand, metadata={"spec_tot": thought})
+    builder = StateGraph(ToTState, context_schema=Context)
+    # The only change to the tutorial: what may run ahead of the superstep barrier.
+    builder.add_node(
+        "expand", expand, metadata={"spec_tot": {"kind": "thought", "reads": ["problem", "seed"]}}
+    )
     builder.add_node("score", score, metadata={"spec_tot": {"kind": "reward"}})
-    select = {"kind": "select", "terminal": is_answer, "answer": answer_of}
-    builder.add_node("prune", prune, metadata={"spec_tot": select})
+    builder.add_node("prune", prune, metadata={"spec_tot": {"kind": "select", "top_k": True}})
     builder.add_edge(START, "expand")
     builder.add_edge("expand", "score")
     builder.add_edge("score", "prune")
-    builder.add_conditional_edges("prune", should_continue, ["expand", END])
+    builder.add_conditional_edges("prune", should_terminate, path_map=["expand", END])
     return builder
 
 
-def _base(state: ToTState) -> dict[str, Any]:
-    return {"question": state["question"], "query_id": state["query_id"]}
+# -- a stand-in for the LLM: guesses as a function of the prompt --------------------------------
+_SEED_RE = re.compile(r"Equation\((\[.*?\])\)")
 
 
-def langgraph_answer(final: dict[str, Any]) -> str | None:
-    """The answer LangGraph's run gives: the best finished beam (ties to the first made)."""
-    finished = sorted(final.get("finished", []), key=lambda c: (-c["score"], c["seq"]))
-    return answer_of({"steps": finished[0]["steps"]}) if finished else None
+def _random_rpn(numbers: list[float], u: float, v: float) -> list[Any]:
+    order = sorted(numbers, key=lambda x: stable_unit(u, x, numbers.index(x)))
+    ops = [list(OPS)[int(stable_unit(v, i) * 4)] for i in range(3)]
+    if stable_unit(u, v) < 0.5:  # ((a b op) c op) d op
+        return [order[0], order[1], ops[0], order[2], ops[1], order[3], ops[2]]
+    return [order[0], order[1], ops[0], order[2], order[3], ops[1], ops[2]]  # (a b op) (c d op) op
 
 
-async def run_langgraph(backend: ScriptedBackend, questions: list[str], **kw: Any) -> list[Any]:
-    graph = build_state_graph(backend, **kw).compile()
-    finals = await asyncio.gather(
-        *(
-            graph.ainvoke({"question": q, "query_id": f"p{i}"}, {"recursion_limit": 100})
-            for i, q in enumerate(questions)
-        )
-    )
-    return [langgraph_answer(f) for f in finals]
+def _mutate(tokens: list[Any], u: float) -> list[Any]:
+    out = list(tokens)
+    ops = [i for i, t in enumerate(out) if isinstance(t, str)]
+    nums = [i for i, t in enumerate(out) if not isinstance(t, str)]
+    if u < 0.6 and ops:  # change one operator
+        i = ops[int(u / 0.6 * len(ops))]
+        out[i] = list(OPS)[(list(OPS).index(out[i]) + 1 + int(u * 7) % 3) % 4]
+    elif len(nums) > 1:  # swap two numbers
+        a, b = nums[int(u * 10) % len(nums)], nums[int(u * 100) % len(nums)]
+        out[a], out[b] = out[b], out[a]
+    return out
 
 
-async def run_spec_tot(
-    backend: ScriptedBackend,
-    questions: list[str],
-    mode: str,
-    *,
-    n: int = 8,
-    width: int = 2,
-    max_depth: int = 3,
-) -> tuple[list[str | None], Any]:
-    app = spec_tot.from_langgraph(
-        build_state_graph(backend, n=n, width=width, max_depth=max_depth),
-        backend=backend,
-        search="beam",
-        search_params={"n": n, "width": width, "max_depth": max_depth},
-        config=spec_tot.ExecutorConfig(mode=mode),
-    )
-    inputs = [{"question": q, "query_id": f"p{i}"} for i, q in enumerate(questions)]
-    batch = await app.arun_batch(inputs)
-    return [r.answer for r in batch.results], batch.metrics
-
-
-async def main() -> None:
-    # Straggler-heavy: 30% of steps are 8x longer; answers at depth 5.
-    slow = ScriptedConfig(token_latency_s=0.002, straggler_rate=0.3, p_correct=0.3, depth=5)
-    shape = {"n": 4, "width": 2, "max_depth": 5}
-    questions = [f"puzzle {i}" for i in range(8)]
-    timings: dict[str, float] = {}
-    answers: dict[str, list[str | None]] = {}
-    for name in ("langgraph", "baseline", "full"):
-        backend = ScriptedBackend(slow)
-        started = time.perf_counter()
-        if name == "langgraph":
-            answers[name] = await run_langgraph(backend, questions, **shape)
+def guess_equations(messages: list[BaseMessage], tools: list[dict[str, Any]], index: int) -> Any:
+    """Replies as a model bound to ``GuessEquations`` would: k guesses, derived from the
+    prompt (the puzzle and the seed candidate) and nothing else."""
+    text = render(messages)
+    k = int(re.search(r"exactly (\d+) guesses", text).group(1))  # type: ignore[union-attr]
+    problem = re.search(r"these numbers: ([\d ]+)\.", text).group(1)  # type: ignore[union-attr]
+    numbers = [float(x) for x in problem.split()]
+    seed = _SEED_RE.search(text)
+    equations = []
+    for i in range(k):
+        u, v = stable_unit(text, i, "u"), stable_unit(text, i, "v")
+        if seed is not None and u < 0.75:
+            tokens = _mutate(ast.literal_eval(seed.group(1)), stable_unit(text, i, "m"))
         else:
-            answers[name], _ = await run_spec_tot(backend, questions, name, **shape)
-        timings[name] = time.perf_counter() - started
-        print(f"{name:9s} {timings[name]:.2f}s answers={answers[name]}")
-    assert answers["langgraph"] == answers["baseline"] == answers["full"]
-    print(f"full vs spec-tot baseline: {timings['baseline'] / timings['full']:.2f}x faster")
+            tokens = _random_rpn(numbers, u, v)
+        equations.append({"tokens": tokens})
+    args = {"reasoning": f"{k} guesses", "equations": equations}
+    call_id = f"call_{int(stable_unit(text, index) * 1e9)}"
+    call = {"name": "GuessEquations", "args": args, "id": call_id}
+    return AIMessage(content="", tool_calls=[call])
+
+
+def tot_model(*, min_latency_s: float = 0.01, max_latency_s: float = 0.2, seed: int = 0) -> Any:
+    return ScriptedChatModel(
+        respond=guess_equations, min_latency_s=min_latency_s, max_latency_s=max_latency_s, seed=seed
+    )
+
+
+PUZZLES = ["1 1 4 6", "1 1 11 11", "1 2 3 4", "2 3 5 12", "3 3 8 8", "1 5 5 5", "4 4 10 10"]
+
+
+def best(state: dict[str, Any]) -> str:
+    top = state["candidates"][0]
+    return f"{top.candidate.tokens} score={top.score:.3f} depth={state['depth']}"
+
+
+async def main(min_latency_s: float = 0.01, max_latency_s: float = 0.2) -> None:
+    context: Context = {"max_depth": 6, "k": 5, "beam_size": 3}
+    llm = tot_model(min_latency_s=min_latency_s, max_latency_s=max_latency_s)
+    graph = build_tot_graph(llm)
+    for name, runner in (("langgraph", graph.compile()), ("spec-tot", from_langgraph(graph))):
+        started = time.perf_counter()
+        finals = await asyncio.gather(
+            *(runner.ainvoke({"problem": p}, context=context) for p in PUZZLES)
+        )
+        wall = time.perf_counter() - started
+        print(f"{name:10s} {wall:.2f}s")
+        for puzzle, final in zip(PUZZLES, finals, strict=True):
+            print(f"  {puzzle:12s} {best(final)}")
+    app = from_langgraph(graph)
+    result = await app.arun({"problem": PUZZLES[0]}, context=context)
+    m = result.metrics
+    print(
+        f"one run: {m.steps} supersteps, {m.committed} committed tasks, {m.speculative} "
+        f"speculative ({m.adopted} adopted, {m.cancelled} cancelled, {m.unused} unused)"
+    )
 
 
 if __name__ == "__main__":

@@ -107,14 +107,8 @@ class ToTApp(Runnable[Any, ToTResult]):
             raise ConfigError("search", f"expected a policy name or factory, got {search!r}")
         if backend is None:
             raise ConfigError("backend", "compile() needs a backend (instance or name)")
-        source: GenerationBackend | Callable[[], GenerationBackend]
-        if isinstance(backend, str):
-            registry = default_registry()
-            if backend not in registry.names():
-                registry.create(backend)  # raises UnknownNameError listing the names
-            source = lambda: registry.create(backend, **backend_options)  # noqa: E731
-        else:
-            source = backend
+        # A name, an instance or a LangChain model (wrapped), refused here if it is none.
+        source = default_registry().resolve(backend, backend_options)
         return cls(
             compiled,
             policy_factory,

@@ -1,23 +1,25 @@
 """Backend contracts and the lazy name registry.
 
-The core never imports an adapter module at import time: ``load_backend("local")`` imports
-``spec_tot.adapters.local`` only when asked. Third parties register their own factories with
-``BackendRegistry.register``.
+The core never imports an adapter module at import time: ``default_registry().create("local")``
+imports ``spec_tot.adapters.local`` only when asked. Third parties declare their backends as
+entry points (group ``spec_tot.backends``), which ``default_registry()`` reads, or build a
+``BackendRegistry`` of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_tot.errors import UnknownNameError
+from spec_tot._private.plugins import declared, load_target
+from spec_tot.errors import ConfigError, UnknownNameError
 from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, RewardItem
 
 __all__ = [
+    "BACKEND_ENTRY_POINTS",
     "BackendRegistry",
     "GenerationBackend",
     "RewardBackend",
@@ -103,6 +105,15 @@ class RewardBackend(ABC):
 
 
 Factory = Callable[..., Any]
+BACKEND_ENTRY_POINTS = "spec_tot.backends"
+_BUILT_IN: dict[str, str] = {
+    "scripted": "spec_tot.adapters.scripted:create_scripted",
+    "local": "spec_tot.adapters.local:create_local",
+    "sim": "spec_tot.adapters.sim:create_sim",
+    "sglang": "spec_tot.adapters.sglang:create_sglang",
+    "openai": "spec_tot.adapters.openai_compat:create_openai",
+    "langchain": "spec_tot.adapters.langchain:LangChainBackend",
+}
 
 
 @dataclass
@@ -113,6 +124,8 @@ class BackendRegistry:
     _factories: dict[str, Factory | str] = field(default_factory=dict)
 
     def register(self, name: str, factory: Factory | str) -> None:
+        if not name or not isinstance(name, str):
+            raise ConfigError("name", f"a backend name must be a non-empty string: {name!r}")
         self._factories[name] = factory
 
     def names(self) -> list[str]:
@@ -123,19 +136,49 @@ class BackendRegistry:
         if factory is None:
             raise UnknownNameError("backend", name, self.names())
         if isinstance(factory, str):
-            module_name, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(module_name), attr)
+            factory = load_target(factory)
         return factory(**options)
+
+    def resolve(
+        self, backend: Any, options: Mapping[str, Any] | None = None
+    ) -> GenerationBackend | Callable[[], GenerationBackend]:
+        """What ``compile(backend=...)`` accepts, checked now: a ``GenerationBackend``; a
+        registered name (the backend is created on first use, with ``options``); or a
+        LangChain chat model or LLM, wrapped in ``LangChainBackend`` (with ``options``)."""
+        options = dict(options or {})
+        if isinstance(backend, GenerationBackend):
+            return backend
+        if isinstance(backend, str):
+            if backend not in self._factories:
+                raise UnknownNameError("backend", backend, self.names())
+            return lambda: self.create(backend, **options)
+        from langchain_core.language_models import BaseLanguageModel
+
+        if isinstance(backend, BaseLanguageModel):
+            wrapped: GenerationBackend = self.create("langchain", model=backend, **options)
+            return wrapped
+        raise ConfigError(
+            "backend",
+            "expected a GenerationBackend, a registered backend name "
+            f"({', '.join(self.names())}) or a LangChain chat model, got {type(backend).__name__}",
+        )
 
 
 def default_registry() -> BackendRegistry:
-    """A fresh registry holding the built-in backends (no global mutable state)."""
+    """A fresh registry: the built-in backends, then the plug-ins that installed
+    distributions declare as entry points in the group ``spec_tot.backends`` (name: the
+    backend's name; value: ``"module:factory"``, imported on first use).
+
+    ``compile(backend="name")`` and the CLI both start from this registry, so a backend
+    registered by a plug-in is seen by both, with no module-global state. A plug-in cannot
+    shadow a built-in name (it is skipped with a warning). For a backend that only lives in
+    a script, build it yourself (``registry.create(...)``) and pass the instance.
+    """
     registry = BackendRegistry()
-    registry.register("scripted", "spec_tot.adapters.scripted:create_scripted")
-    registry.register("local", "spec_tot.adapters.local:create_local")
-    registry.register("sim", "spec_tot.adapters.sim:create_sim")
-    registry.register("sglang", "spec_tot.adapters.sglang:create_sglang")
-    registry.register("openai", "spec_tot.adapters.openai_compat:create_openai")
+    for name, target in _BUILT_IN.items():
+        registry.register(name, target)
+    for name, target in declared(BACKEND_ENTRY_POINTS, _BUILT_IN, warn=True).items():
+        registry.register(name, target)
     return registry
 
 

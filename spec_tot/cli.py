@@ -3,97 +3,117 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import importlib
-import json
+import ipaddress
+import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-from rich.table import Table
 
+from spec_tot._cli_checks import (
+    Plan,
+    as_option,
+    backend_registry,
+    check_bind,
+    check_json_path,
+    error_line,
+    int_list,
+    mode_list,
+    parse_backend_options,
+    parse_pairs,
+    plan_runs,
+)
+from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
-from spec_tot._private.programs import Program, load_program
-from spec_tot.backends import default_registry
+from spec_tot._private.programs import load_program
 from spec_tot.config import MODES, ExecutorConfig
-from spec_tot.errors import ConfigError, SpecTotError
-from spec_tot.metrics import RunMetrics
+from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 
-__all__ = ["app", "main"]
+__all__ = ["API_KEY_ENV", "app", "main"]
+
+API_KEY_ENV = "SPEC_TOT_API_KEY"
+TRACEBACK_ENV = "SPEC_TOT_TRACEBACK"  # set to 1 to see the traceback of an unexpected error
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
 console = Console(stderr=True)
 # Wide enough for the results table when piped to a file or a CI log.
 out = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 150))
 
-
-def _parse_pairs(pairs: list[str] | None, option: str) -> dict[str, Any]:
-    parsed: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(option, f"expected KEY=VALUE, got {pair!r}")
-        try:
-            parsed[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            parsed[key] = raw  # a bare string such as a path
-    return parsed
+# typer ships its own copy of click (typer._click) whose exceptions are not click's: find the
+# base class through a public one, so this works with a vendored and a plain click alike.
+_CLICK_ERROR: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
 
 
-def _int_list(text: str, option: str) -> list[int]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items or not all(t.isdigit() and int(t) > 0 for t in items):
-        raise ConfigError(option, f"expected positive integers separated by commas, got {text!r}")
-    return [int(t) for t in items]
-
-
-async def _one_run(
-    program: Program,
-    *,
-    backend_name: str,
-    backend_options: dict[str, Any],
-    search: str,
-    search_params: dict[str, Any],
-    mode: str,
-    concurrency: int,
-    queries: int,
-    seed: int,
-    label: str,
-    show_tree: bool = False,
-) -> RunMetrics:
-    options = {**program.backend_options(backend_name), **backend_options}
-    backend = default_registry().create(backend_name, **options)
+def _start_backend(name: str, options: dict[str, Any], given: str) -> Any:
+    """Create the backend (this is where models load); a bad option value is a usage error,
+    any other failure one line naming the options the user gave."""
     try:
-        tot = program.build(
-            backend=backend,
-            search=search,
-            search_params=search_params,
-            config=ExecutorConfig(mode=mode, seed=seed, max_concurrency=concurrency),
+        return backend_registry().create(name, **options)
+    except (ConfigError, UnknownNameError) as exc:
+        raise ConfigError("--backend-opt", str(exc)) from exc
+    except Exception as exc:
+        raise ExecutionError(
+            f"backend {name!r} did not start ({given}): {error_line(exc)}"
+        ) from exc
+
+
+async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOutcome:
+    options = {**plan.program.backend_options(plan.backend), **plan.backend_options}
+    backend = _start_backend(plan.backend, options, plan.options_text())
+    try:
+        tot = plan.program.build(
+            backend=backend, search=plan.search, search_params=plan.search_params, config=config
         )
-        inputs = program.inputs(queries)
+        inputs = copy.deepcopy(plan.inputs)  # each run starts from fresh input states
         if show_tree:
-            return await _run_with_tree(tot, inputs)
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        ) as progress:
-            task = progress.add_task(label, total=len(inputs))
-            batch = await tot.arun_batch(inputs, on_result=lambda _r: progress.advance(task))
-        metrics: RunMetrics = batch.metrics
-        return metrics
+            batch = await _run_with_tree(tot, inputs)
+        elif not console.is_terminal:  # a progress bar in a log is only noise
+            batch = await tot.arun_batch(inputs)
+        else:
+            with Progress(
+                "[progress.description]{task.description}",
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            ) as progress:
+                task = progress.add_task(
+                    f"{config.mode} x{config.max_concurrency}", total=len(inputs)
+                )
+                batch = await tot.arun_batch(inputs, on_result=lambda _r: progress.advance(task))
     finally:
         await backend.aclose()
+    first_error = next(
+        (
+            r.errors[0] if r.errors else f"{r.query_id}: {r.status}"
+            for r in batch.results
+            if r.status != "ok"
+        ),
+        None,
+    )
+    row = {
+        "mode": config.mode,
+        "search": plan.search,
+        "backend": plan.backend,
+        "program": plan.program.name,
+        "concurrency": config.max_concurrency,
+        "seed": config.seed,
+        "metrics": batch.metrics.to_dict(),
+    }
+    return RunOutcome(row, first_error)
 
 
-async def _run_with_tree(tot: Any, inputs: list[Any]) -> RunMetrics:
+async def _run_with_tree(tot: Any, inputs: list[Any]) -> Any:
     """The run with a live view of the search trees (statuses as they change)."""
     from rich.live import Live
 
@@ -113,95 +133,21 @@ async def _run_with_tree(tot: Any, inputs: list[Any]) -> RunMetrics:
 
         batch = await tot.arun_batch(inputs, on_event=on_event)
         live.update(view.render())
-    metrics: RunMetrics = batch.metrics
-    return metrics
+    return batch
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="spec-tot")
-    columns = ("mode", "search", "conc.", "solved", "acc", "q/s", "tok/s", "useful tok/s")
-    for col in (*columns, "hit", "p50 s", "reward calls", "peak RSS MB"):
-        table.add_column(col, justify="right")
-    for row in rows:
-        m = row["metrics"]
-        table.add_row(
-            row["mode"],
-            row["search"],
-            str(row["concurrency"]),
-            f"{m['solved']}/{m['queries']}",
-            f"{m['accuracy']:.2f}",
-            f"{m['queries_per_s']:.3f}",
-            f"{m['tokens_per_s']:.0f}",
-            f"{m['useful_tokens_per_s']:.0f}",
-            f"{m['spec_hit_rate']:.2f}",
-            f"{m['latency_p50_s']:.2f}",
-            str(m["reward_calls"]),
-            f"{m['peak_rss_mb']:.0f}",
-        )
-    return table
+def _execute(plan: Plan, show_tree: bool = False) -> list[RunOutcome]:
+    # The simulator's costs are virtual seconds: run it on its virtual-time loop.
+    runner: Any = asyncio.run
+    if plan.backend == "sim":
+        runner = importlib.import_module("spec_tot.adapters.sim").run_virtual
+    return [runner(_one_run(plan, config, show_tree)) for config in plan.configs]
 
 
-def _program_for(program: str | None, backend: str | None) -> str:
-    """The toy program fits the synthetic backends; real models run Game of 24."""
-    if program is not None:
-        return program
-    return "toy" if backend in ("scripted", "sim") else "game24"
-
-
-def _bench(
-    *,
-    program: str | None,
-    backend: str | None,
-    search: str | None,
-    modes: list[str],
-    concurrency: list[int],
-    queries: int,
-    seed: int,
-    search_params: dict[str, Any],
-    backend_options: dict[str, Any],
-    show_tree: bool = False,
-) -> list[dict[str, Any]]:
-    if queries < 1:
-        raise ConfigError("--queries", f"must be >= 1, got {queries}")
-    prog = load_program(_program_for(program, backend))
-    backend_name = backend or prog.default_backend
-    search_name = search or prog.default_search
-    rows: list[dict[str, Any]] = []
-    for mode in modes:
-        ExecutorConfig(mode=mode)  # unknown modes fail before any run starts
-    for mode in modes:
-        for conc in concurrency:
-            # The simulator's costs are virtual seconds: run it on its virtual-time loop.
-            runner: Any = asyncio.run
-            if backend_name == "sim":
-                runner = importlib.import_module("spec_tot.adapters.sim").run_virtual
-            metrics = runner(
-                _one_run(
-                    prog,
-                    backend_name=backend_name,
-                    backend_options=backend_options,
-                    search=search_name,
-                    search_params=search_params,
-                    mode=mode,
-                    concurrency=conc,
-                    queries=queries,
-                    seed=seed,
-                    label=f"{mode} x{conc}",
-                    show_tree=show_tree,
-                )
-            )
-            rows.append(
-                {
-                    "mode": mode,
-                    "search": search_name,
-                    "backend": backend_name,
-                    "program": prog.name,
-                    "concurrency": conc,
-                    "seed": seed,
-                    "metrics": metrics.to_dict(),
-                }
-            )
-    return rows
+def _bench(*, show_tree: bool = False, **selection: Any) -> list[dict[str, Any]]:
+    """Every mode x concurrency, checked first (``selection``: ``plan_runs``'s keywords),
+    then run in one process with the same seeds; the JSON rows."""
+    return [r.row for r in _execute(plan_runs(**selection), show_tree)]
 
 
 ProgramOpt = Annotated[
@@ -213,7 +159,26 @@ SearchOpt = Annotated[str | None, typer.Option(help="Search policy (default: the
 SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
 ParamOpt = Annotated[list[str] | None, typer.Option(help="Search parameter KEY=VALUE.")]
 BackendParamOpt = Annotated[list[str] | None, typer.Option(help="Backend option KEY=VALUE.")]
-JsonOpt = Annotated[Path | None, typer.Option(help="Write the runs as JSON here.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]
+
+
+def _plan_and_report(
+    *,
+    param: list[str] | None,
+    backend_opt: list[str] | None,
+    json_path: Path | None,
+    show_tree: bool = False,
+    **selection: Any,
+) -> None:
+    check_json_path(json_path)
+    plan = plan_runs(
+        search_params=parse_pairs(param, "--param"),
+        backend_options=parse_pairs(backend_opt, "--backend-opt"),
+        **selection,
+    )
+    report(
+        _execute(plan, show_tree), json_path, out=out, err=console, options_text=plan.options_text()
+    )
 
 
 @app.command()
@@ -221,14 +186,14 @@ def run(
     program: ProgramOpt = None,
     backend: BackendOpt = None,
     search: SearchOpt = None,
-    queries: Annotated[int, typer.Option(help="Number of puzzles.")] = 100,
-    concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = 32,
+    queries: Annotated[int, typer.Option(min=1, help="Number of puzzles.")] = 100,
+    concurrency: Annotated[int, typer.Option(min=1, help="Queries in flight at once.")] = 32,
     mode: Annotated[str, typer.Option(help=f"Executor mode: {', '.join(MODES)}.")] = "full",
     compare: Annotated[bool, typer.Option(help="Also run baseline mode beside it.")] = False,
     seed: SeedOpt = 0,
     param: ParamOpt = None,
     backend_opt: BackendParamOpt = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write JSON here.")] = None,
+    json_path: JsonOpt = None,
     show_tree: Annotated[bool, typer.Option(help="Show the search trees live.")] = False,
 ) -> None:
     """Run a ToT program end to end and print solved rate, queries/s and tokens/s."""
@@ -238,20 +203,19 @@ def run(
             "compares a speculative --mode with baseline; "
             f"choose --mode from {', '.join(m for m in MODES if m != 'baseline')}",
         )
-    modes = ["baseline", mode] if compare else [mode]
-    rows = _bench(
+    _plan_and_report(
         program=program,
         backend=backend,
         search=search,
-        modes=modes,
+        modes=["baseline", mode] if compare else [mode],
         concurrency=[concurrency],
         queries=queries,
         seed=seed,
-        search_params=_parse_pairs(param, "--param"),
-        backend_options=_parse_pairs(backend_opt, "--backend-opt"),
+        param=param,
+        backend_opt=backend_opt,
+        json_path=json_path,
         show_tree=show_tree,
     )
-    _report(rows, json_path)
 
 
 @app.command()
@@ -261,65 +225,86 @@ def bench(
     search: SearchOpt = None,
     modes: Annotated[str, typer.Option(help="Comma-separated executor modes.")] = "baseline",
     concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,32",
-    queries: Annotated[int, typer.Option(help="Queries per run.")] = 32,
+    queries: Annotated[int, typer.Option(min=1, help="Queries per run.")] = 32,
     seed: SeedOpt = 0,
     param: ParamOpt = None,
     backend_opt: BackendParamOpt = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write JSON here.")] = None,
+    json_path: JsonOpt = None,
 ) -> None:
     """Run every mode x concurrency in one process (same seeds, same backend kind)."""
-    rows = _bench(
+    _plan_and_report(
         program=program,
         backend=backend,
         search=search,
-        modes=[m.strip() for m in modes.split(",") if m.strip()],
-        concurrency=_int_list(concurrency, "--concurrency"),
+        modes=mode_list(modes, "--modes"),
+        concurrency=int_list(concurrency, "--concurrency"),
         queries=queries,
         seed=seed,
-        search_params=_parse_pairs(param, "--param"),
-        backend_options=_parse_pairs(backend_opt, "--backend-opt"),
+        param=param,
+        backend_opt=backend_opt,
+        json_path=json_path,
     )
-    _report(rows, json_path)
 
 
-def _report(rows: list[dict[str, Any]], json_path: Path | None) -> None:
-    out.print(_table(rows))
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2))
-        console.print(f"wrote {json_path}")
-    base = {
-        r["concurrency"]: r["metrics"]["queries_per_s"] for r in rows if r["mode"] == "baseline"
-    }
-    parts = []
-    for row in rows:
-        m = row["metrics"]
-        part = (
-            f"{row['mode']}@{row['concurrency']}: {m['queries_per_s']:.3f} q/s"
-            f" acc {m['accuracy']:.2f}"
-        )
-        denom = base.get(row["concurrency"])
-        if row["mode"] != "baseline" and denom:
-            part += f" ({m['queries_per_s'] / denom:.2f}x baseline)"
-        parts.append(part)
-    out.print("summary: " + "; ".join(parts))
+def build_server(
+    program: str | None,
+    backend_opt: Sequence[str] | None,
+    api_key: str | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+) -> Any:
+    """The ``serve`` app: options checked (and the port tried) before the engine loads."""
+    from spec_tot.adapters.local.serve import create_server_app
+
+    with as_option("--program"):
+        prog = load_program(program or "game24")
+    given = parse_backend_options(backend_opt, "local")
+    extra: dict[str, Any] = {}
+    if api_key is not None:
+        if not api_key.strip():
+            raise ConfigError("--api-key", f"must not be empty (check ${API_KEY_ENV})")
+        extra["api_key"] = api_key
+    if port is not None:
+        check_bind(host, port)
+    options = {**prog.backend_options("local"), **given}
+    pairs = " ".join(f"{k}={v}" for k, v in given.items())
+    backend = _start_backend("local", options, f"--backend-opt {pairs}" if pairs else "defaults")
+    return create_server_app(backend, model_path=str(options.get("policy_path", "")), **extra)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 @app.command()
 def serve(
     program: ProgramOpt = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = 30000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to bind.")] = 30000,
     backend_opt: BackendParamOpt = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            help="Require 'Authorization: Bearer KEY' on every route (as SGLang's --api-key).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
     import uvicorn
 
-    from spec_tot.adapters.local.serve import create_server_app
-
-    options = {**load_program(program or "game24").backend_options("local")}
-    options.update(_parse_pairs(backend_opt, "--backend-opt"))
-    backend = default_registry().create("local", **options)
-    server = create_server_app(backend, model_path=str(options.get("policy_path", "")))
+    server = build_server(program, backend_opt, api_key, host=host, port=port)
+    if api_key is None and not _is_loopback(host):
+        console.print(
+            f"warning: serving on {host} with no --api-key: anyone who reaches the port can "
+            "generate and abort requests",
+            soft_wrap=True,
+            markup=False,
+        )
     console.print(f"spec-tot serve: http://{host}:{port} (SGLang native API subset)")
     uvicorn.run(server, host=host, port=port, log_level="warning")
 
@@ -329,22 +314,49 @@ def graph(program: ProgramOpt = None) -> None:
     """Print a program's compiled graph as Mermaid."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
-    prog = load_program(program or "game24")
+    with as_option("--program"):
+        prog = load_program(program or "game24")
     tot = prog.build(backend=ScriptedBackend(), search=prog.default_search, search_params={})
     out.print(graph_to_mermaid(tot.graph), markup=False, highlight=False)
 
 
-def main() -> None:
-    """Entry point: errors are one clear line, not a traceback."""
+def _say(line: str) -> None:
+    """One line on stderr, never wrapped (a terminal-width console would break it)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code: 0 ok, 2 a usage error (one line, naming the
+    option), 1 a runtime failure (one line), 130 interrupted. No traceback unless
+    ``SPEC_TOT_TRACEBACK=1``."""
     command = typer.main.get_command(app)
     try:
-        code = command.main(standalone_mode=False)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except (SpecTotError, ValueError, OSError) as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        sys.exit(2)
-    sys.exit(code if isinstance(code, int) else 0)
+        code = command.main(
+            args=list(argv) if argv is not None else None,
+            prog_name="spec-tot",
+            standalone_mode=False,
+        )
+    except _CLICK_ERROR as exc:
+        err: Any = exc
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        _say(f"error: {' '.join(str(err.format_message()).split())}{hint}")
+        return int(getattr(err, "exit_code", 2))
+    except (typer.Abort, KeyboardInterrupt):
+        _say("aborted")
+        return 130
+    except (ConfigError, UnknownNameError) as exc:
+        _say(f"error: {error_line(exc)}")
+        return 2
+    except Exception as exc:
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        _say(f"error: {error_line(exc)}")
+        return 1
+    return code if isinstance(code, int) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point (``spec-tot``, ``python -m spec_tot``): errors are one line, not a
+    traceback."""
+    sys.exit(run_cli(argv))

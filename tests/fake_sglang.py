@@ -1,12 +1,16 @@
 """A fake SGLang server on ``asyncio.start_server`` (127.0.0.1, random port) for tests.
 
-It follows the real native API shapes: ``POST /generate`` (text or input_ids,
-sampling_params with n / max_new_tokens / stop, rid, stream, return_logprob +
-token_ids_logprob), a list response for n > 1 with rids expanded to ``f"{rid}_{i}"``,
-SSE streaming (``data: {...}\\n\\n`` ... ``data: [DONE]\\n\\n``) with cumulative text,
-``POST /abort_request`` (exact rid must be live, then every live rid *starting with* it is
-aborted, as SGLang's scheduler does), ``GET /health``, ``GET /get_server_info`` and
-``POST /classify``. A client disconnect aborts the request, as SGLang does.
+It behaves as SGLang 0.5.23 does (``tokenizer_manager.py``, ``io_struct.py``): ``POST
+/generate`` takes text or input_ids (one prompt or a batch), sampling_params (one dict or one
+per prompt) with n / max_new_tokens / stop, rid (one, or one per prompt), stream,
+return_logprob + token_ids_logprob. A batch answers a list in order; a batch with one string
+rid expands it to ``f"{rid}_{i}"``; parallel samples (n > 1) get *fresh* uuid rids and the
+request's own rid is not live (``regenerate_rid()``). SSE streaming (``data: {...}\\n\\n`` ...
+``data: [DONE]\\n\\n``) with cumulative text and ``index`` for a batch. ``POST
+/abort_request``: an rid that is not exactly live is silently ignored; a live one aborts every
+live rid *starting with* it, as SGLang's scheduler does. ``GET /health``, ``GET
+/get_server_info``, ``GET /v1/loads`` and ``POST /classify``. A client disconnect aborts the
+request, as SGLang does.
 
 Fault injection (``faults``, consumed one per /generate or /classify call): ``"refuse"``
 (close the connection before any byte), ``"500"``, ``"503"``, ``"slow"`` (wait
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +143,7 @@ class FakeSGLang(MiniHTTPServer):
     faults: list[str] = field(default_factory=list)
     live: dict[str, asyncio.Event] = field(default_factory=dict)
     max_live: int = 0
+    waiting: int = 0  # reported on /v1/loads beside the live requests
     aborted: list[str] = field(default_factory=list)
     abort_calls: list[str] = field(default_factory=list)
     generate_bodies: list[dict[str, Any]] = field(default_factory=list)
@@ -148,6 +154,21 @@ class FakeSGLang(MiniHTTPServer):
     async def handle(self, req: Request) -> bool:
         if req.path == "/health":
             return await self.reply(req, 200, None)
+        if req.path.startswith("/v1/loads"):
+            running = len(self.live)
+            return await self.reply(
+                req,
+                200,
+                {
+                    "loads": [
+                        {
+                            "dp_rank": 0,
+                            "num_running_reqs": running,
+                            "num_waiting_reqs": self.waiting,
+                        }
+                    ]
+                },
+            )
         if req.path == "/get_server_info":
             return await self.reply(
                 req,
@@ -198,25 +219,44 @@ class FakeSGLang(MiniHTTPServer):
             hit = [r for r in self.live if r.startswith(rid)]  # the scheduler matches prefixes
         else:
             hit = []
-        for r in hit:
-            self.live[r].set()
+        for r in hit:  # an aborted sample ends now, even while its batch runs on
+            self.live.pop(r).set()
+            self.aborted.append(r)
         return await self.reply(req, 200, None)
 
     async def generate(self, req: Request, drop: bool) -> bool:
         body = req.body
         self.generate_bodies.append(body)
-        params = body.get("sampling_params") or {}
-        n = int(params.get("n", 1))
-        texts = body.get("text")
-        batch = isinstance(texts, list) or (n > 1)
-        prompts = texts if isinstance(texts, list) else [texts if texts else body["input_ids"]]
-        rid = body.get("rid") or "anon"
-        count = len(prompts) * n
-        rids = [f"{rid}_{i}" for i in range(count)] if batch else [rid]
+        texts, ids = body.get("text"), body.get("input_ids")
+        batch = isinstance(texts, list) or (
+            isinstance(ids, list) and bool(ids) and isinstance(ids[0], list)
+        )
+        prompts: list[Any] = (texts if texts is not None else ids) if batch else [texts or ids]
+        given = body.get("sampling_params") or {}
+        plist = given if isinstance(given, list) else [given] * len(prompts)
+        n = int(plist[0].get("n", 1))
+        rid = body.get("rid")
+        if n > 1:  # parallel samples: fresh rids, the request's own rid is dropped
+            rids = [uuid.uuid4().hex for _ in range(len(prompts) * n)]
+        elif isinstance(rid, list):
+            rids = list(rid)
+        elif batch:
+            rids = (
+                [f"{rid}_{i}" for i in range(len(prompts))]
+                if rid
+                else [uuid.uuid4().hex for _ in prompts]
+            )
+        else:
+            rids = [rid or uuid.uuid4().hex]
+        if len(rids) != len(prompts) * n:
+            return await self.reply(req, 400, {"error": {"message": "rid length mismatch"}})
+        batch = batch or n > 1
+        samples = [(rids[k], plist[k // n], prompts[k // n]) for k in range(len(rids))]
         events = {r: asyncio.Event() for r in rids}
         self.live.update(events)
         self.max_live = max(self.max_live, len(self.live))
-        want = min(self.tokens, int(params.get("max_new_tokens", 128)))
+        wants = {r: min(self.tokens, int(p.get("max_new_tokens", 128))) for r, p, _ in samples}
+        want = max(wants.values())
         stream = bool(body.get("stream"))
         made = dict.fromkeys(rids, 0)
         try:
@@ -230,11 +270,11 @@ class FakeSGLang(MiniHTTPServer):
                 await asyncio.sleep(max(self.token_delay_s, 0.005 if self.hang else 0.0))
                 steps += 1
                 for r in rids:
-                    if not events[r].is_set() and steps <= want:
+                    if not events[r].is_set() and steps <= wants[r]:
                         made[r] = steps
                 if stream:
-                    for i, r in enumerate(rids):
-                        out = self.output(r, i, made[r], want, events[r], params, body)
+                    for i, (r, p, prompt) in enumerate(samples):
+                        out = self.output(r, i, made[r], wants[r], events[r], p, body, prompt)
                         if batch:
                             out["index"] = i
                         await self.chunk(req, b"data: " + json.dumps(out).encode() + b"\n\n")
@@ -245,8 +285,8 @@ class FakeSGLang(MiniHTTPServer):
                     e.set()
                 return False
             outs = [
-                self.output(r, i, made[r], want, events[r], params, body)
-                for i, r in enumerate(rids)
+                self.output(r, i, made[r], wants[r], events[r], p, body, prompt)
+                for i, (r, p, prompt) in enumerate(samples)
             ]
             if stream:
                 for i, out in enumerate(outs):
@@ -259,9 +299,8 @@ class FakeSGLang(MiniHTTPServer):
             return await self.reply(req, 200, outs if batch else outs[0])
         finally:
             for r in rids:
-                if events[r].is_set():
+                if self.live.pop(r, None) is not None and events[r].is_set():
                     self.aborted.append(r)
-                self.live.pop(r, None)
 
     def output(
         self,
@@ -272,6 +311,7 @@ class FakeSGLang(MiniHTTPServer):
         aborted: asyncio.Event,
         params: dict[str, Any],
         body: dict[str, Any],
+        prompt: Any,
     ) -> dict[str, Any]:
         text = "".join(f"t{index}.{k} " for k in range(made))
         if aborted.is_set():
@@ -289,9 +329,6 @@ class FakeSGLang(MiniHTTPServer):
             "cached_tokens": 0,
         }
         if body.get("return_logprob"):
-            prompt = body.get("text") or ""
-            if isinstance(prompt, list):
-                prompt = prompt[index]
             last = str(prompt).rsplit("\n", 1)[0].rsplit("\n", 1)[-1]  # the judged step
             p_good = 0.9 if "good" in last else 0.2
             ids = body.get("token_ids_logprob") or [7]

@@ -9,9 +9,9 @@ import torch
 from engine_fixtures import make_engine, run_all, tiny_llama
 from scipy.stats import chisquare
 
-from spec_tot.adapters.local.sampler import Sampler, draw_uniforms
-from spec_tot.adapters.local.sequence import member_seed
-from spec_tot.requests import GenerateRequest, SamplingParams
+from spec_tot.adapters.local.sampler import Sampler
+from spec_tot.adapters.local.sequence import Member, RequestState, Sequence, member_seed
+from spec_tot.requests import GenerateRequest, Priority, SamplingParams
 
 __all__ = ["make_engine", "tiny_llama"]
 
@@ -22,6 +22,13 @@ LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 
 def _generators(seed: int, n: int) -> list[torch.Generator]:
     return [torch.Generator().manual_seed(member_seed(seed, i)) for i in range(n)]
+
+
+def _seq(params: SamplingParams, generators: list[torch.Generator | None]) -> Sequence:
+    """A one-token sequence whose members draw from ``generators``."""
+    state = RequestState("r", params, (1,), Priority.COMMITTED, [None] * len(generators))
+    members = [Member(state, i, g) for i, g in enumerate(generators)]
+    return Sequence(1, [1], 1, params, Priority.COMMITTED, 1, members)
 
 
 def _expected(params: SamplingParams) -> torch.Tensor:
@@ -50,11 +57,11 @@ def _expected(params: SamplingParams) -> torch.Tensor:
 def test_cd_draws_match_independent_sampling(params: SamplingParams) -> None:
     """m members sharing one row (CD) draw exactly what m independent rows draw, and their
     histogram fits the model distribution (chi-square)."""
-    m, sampler = 6000, Sampler()
-    shared = sampler.sample(LOGITS[None], [params], [draw_uniforms(_generators(5, m))])[0]
+    m, sampler = 6000, Sampler(frozenset())
+    shared = sampler.sample(LOGITS[None].clone(), [_seq(params, _generators(5, m))])[0][0]
     gens = _generators(5, m)
-    rows = LOGITS.expand(m, -1)
-    independent = sampler.sample(rows, [params] * m, [draw_uniforms([g]) for g in gens])
+    rows = LOGITS.expand(m, -1).clone()
+    independent = sampler.sample(rows, [_seq(params, [g]) for g in gens])[0]
     assert shared == [r[0] for r in independent]
     expected = _expected(params)
     counts = torch.bincount(torch.tensor(shared), minlength=len(LOGITS)).float()
@@ -65,9 +72,19 @@ def test_cd_draws_match_independent_sampling(params: SamplingParams) -> None:
 
 
 def test_greedy_is_argmax_and_draws_nothing() -> None:
-    out = Sampler().sample(LOGITS[None], [SamplingParams(temperature=0.0)], [[0.0, 0.0, 0.0]])
-    assert out == [[0, 0, 0]]
-    assert draw_uniforms([None]) == [0.0]
+    seq = _seq(SamplingParams(temperature=0.0), [None, None, None])
+    out, logprobs = Sampler(frozenset()).sample(LOGITS[None].clone(), [seq])
+    assert out == [[0, 0, 0]] and logprobs == [None]
+    assert all(m.cursor == 0 and not m.uniforms for m in seq.members)
+
+
+def test_block_draws_equal_one_draw_per_token() -> None:
+    """A member's uniforms come in blocks from its generator: the very stream of one
+    ``torch.rand(1)`` per token (so outputs match engines that drew one at a time)."""
+    seq = _seq(SamplingParams(temperature=1.0), _generators(3, 1))
+    drawn = [seq.members[0].next_uniform() for _ in range(70)]
+    gen = _generators(3, 1)[0]
+    assert drawn == [float(torch.rand(1, generator=gen)) for _ in range(70)]
 
 
 def _run(engine: Any, requests: list[GenerateRequest]) -> dict[str, list[tuple[int, ...]]]:
@@ -105,7 +122,7 @@ def test_identical_pending_requests_merge(make_engine: Any) -> None:
     ]
     on, off = make_engine(enable_dedup=True), make_engine(enable_dedup=False)
     assert _run(on, reqs) == _run(off, reqs)
-    assert on.num_merged_requests == 2
+    assert on.stats()["num_merged_requests"] == 2
 
 
 def test_seeded_requests_reproduce(make_engine: Any) -> None:

@@ -414,7 +414,7 @@ def test_non_callables_rejected(add: Any, field: str) -> None:
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),
         ({"top_k": 0}, "top_k"),
         ({"temprature": 0.5}, "temprature"),
     ],

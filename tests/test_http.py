@@ -1,17 +1,27 @@
-"""EndpointPool: bounded retries, failover, circuit breaker, routing, limits (127.0.0.1 only)."""
+"""EndpointPool: bounded retries, failover, circuit breaker, routing, limits, per-request
+deadlines, stopped workers, timed health probes, the API key (127.0.0.1 only)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import random
+import signal
 import socket
+import sys
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import httpx
 import pytest
-from fake_sglang import FakeSGLang
+from fake_sglang import FakeSGLang, Request
 
 from spec_tot.adapters._http import CircuitBreaker, EndpointPool, HttpConfig, query_key
-from spec_tot.errors import BackendError, BackendTimeoutError
+from spec_tot.adapters._http_parts import completion_tokens, request_budget
+from spec_tot.errors import BackendError, BackendTimeoutError, ConfigError
 
 
 class FakeTime:
@@ -43,7 +53,9 @@ async def server() -> AsyncIterator[FakeSGLang]:
 
 
 def make_pool(urls: list[str], t: FakeTime, **kw: object) -> EndpointPool:
-    config = HttpConfig(**{"max_retries": 2, "backoff_base_s": 0.1, **kw})  # type: ignore[arg-type]
+    """A pool on fake time; no timed health probe (it would run on the fake clock)."""
+    defaults = {"max_retries": 2, "backoff_base_s": 0.1, "health_path": None}
+    config = HttpConfig(**{**defaults, **kw})  # type: ignore[arg-type]
     return EndpointPool(urls, config, sleep=t.sleep, clock=t.clock, rng=random.Random(0))
 
 
@@ -178,3 +190,245 @@ async def test_concurrency_limit_per_worker(server: FakeSGLang) -> None:
 
 def test_query_key() -> None:
     assert query_key("q7/n1/n3") == "q7" and query_key("solo") == "solo"
+
+
+# -- deadlines, stopped workers, timed probes, API key --------------------------------------------
+@dataclass
+class Stoppable(FakeSGLang):
+    """A FakeSGLang that can be stopped (SIGSTOP as a client sees it): connections are
+    accepted, requests read, nothing answered, /health included, until it runs again."""
+
+    running: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.running.set()
+
+    async def handle(self, req: Request) -> bool:
+        await self.running.wait()
+        return await super().handle(req)
+
+
+def live_pool(urls: list[str], **kw: object) -> EndpointPool:
+    """Real time, small deadlines: floor 0.2 s, 10 ms per budget token before any sample."""
+    defaults: dict[str, object] = {
+        "max_retries": 3, "backoff_base_s": 0.01, "deadline_floor_s": 0.2,
+        "deadline_slack": 1.0, "assumed_s_per_token": 0.01, "deadline_cap_s": 30.0,
+        "breaker_threshold": 2, "breaker_cooldown_s": 0.3, "probe_timeout_s": 0.2,
+    }  # fmt: skip
+    return EndpointPool(urls, HttpConfig(**{**defaults, **kw}))  # type: ignore[arg-type]
+
+
+def gen_body(rid: str, budget: int) -> dict[str, object]:
+    return {"text": "hi", "sampling_params": {"max_new_tokens": budget}, "rid": rid}
+
+
+def test_deadline_from_budget_and_learned_speed() -> None:
+    pool = make_pool(["http://w"], FakeTime(), deadline_floor_s=10.0, deadline_slack=4.0,
+                     assumed_s_per_token=0.1, deadline_cap_s=100.0)  # fmt: skip
+    w = pool.endpoints["http://w"]
+    assert pool.deadline_s(w, None) == 10.0  # no budget (classify, abort): the floor
+    assert pool.deadline_s(w, 50) == pytest.approx(10.0 + 4 * 50 * 0.1)  # the prior speed
+    assert pool.deadline_s(w, 10_000) == 100.0  # the cap
+    pool.observe("http://w", tokens=100, seconds=1.0)  # 10 ms per token
+    assert pool.deadline_s(w, 50) == pytest.approx(10.0 + 4 * 50 * 0.01)
+    pool.observe("http://w", tokens=100, seconds=11.0)  # a loaded worker: deadlines grow
+    assert w.s_per_token == pytest.approx(0.01 + 0.2 * (0.11 - 0.01))
+
+
+def test_budget_and_output_tokens_read_from_both_protocols() -> None:
+    assert request_budget({"sampling_params": {"max_new_tokens": 64, "n": 8}}) == 64
+    batch = {"text": ["a", "a"], "sampling_params": [{"max_new_tokens": 8}, {"max_new_tokens": 9}]}
+    assert request_budget(batch) == 9  # a batch's prompts run side by side: the largest
+    assert request_budget({"prompt": "x", "max_tokens": 32, "n": 4}) == 32
+    assert request_budget({"text": ["a"]}) is None and request_budget([1]) is None
+    assert request_budget({"max_tokens": True}) is None
+
+    def reply(value: object) -> httpx.Response:
+        response = httpx.Response(200, content=json.dumps(value).encode())
+        response.read()
+        return response
+
+    sglang = [{"meta_info": {"completion_tokens": k}} for k in (3, 7)]
+    assert completion_tokens(reply(sglang)) == 7  # samples run side by side: the longest
+    openai = {"choices": [{}, {}], "usage": {"completion_tokens": 10}}
+    assert completion_tokens(reply(openai)) == 5
+    streamed = httpx.Response(200, stream=httpx.ByteStream(b"data: {}\n\n"))
+    assert completion_tokens(streamed) is None
+
+
+async def test_the_pool_learns_each_workers_speed(server: FakeSGLang) -> None:
+    server.token_delay_s, server.tokens = 0.01, 4
+    pool = live_pool([server.url])
+    await pool.json("POST", "/generate", gen_body("a", 16))
+    learned = pool.endpoints[server.url].s_per_token
+    assert learned is not None and 0.005 < learned < 0.5  # ~4 tokens in ~40 ms
+    await pool.json("POST", "/classify", {"text": ["x"]})  # no budget: teaches nothing
+    assert pool.endpoints[server.url].s_per_token == learned
+    await pool.aclose()
+
+
+async def test_a_stopped_worker_releases_its_queries_to_a_healthy_one(
+    server: FakeSGLang,
+) -> None:
+    stopped = await Stoppable().start()
+    stopped.running.clear()
+    pool = live_pool([stopped.url, server.url])
+    for q in ("short0", "short1", "long0", "long1"):
+        pool._home[q] = stopped.url  # every query's home is the stopped worker
+    started = time.monotonic()
+    budgets = {"short0": 2, "short1": 2, "long0": 2000, "long1": 2000}  # long: 20 s deadlines
+    results = await asyncio.gather(
+        *(pool.json("POST", "/generate", gen_body(f"{q}/n", b), key=q) for q, b in budgets.items())
+    )
+    elapsed = time.monotonic() - started
+    assert [url for url, _ in results] == [server.url] * 4  # rerouted, all answered
+    assert elapsed < 2.0, elapsed  # two 0.22 s misses opened the breaker; the rest released
+    frozen = pool.endpoints[stopped.url]
+    assert frozen.breaker.state in ("open", "half_open") and frozen.timeouts == 2
+    assert frozen.inflight == 0 and not frozen.pending
+    assert all(pool.home_of(q) == server.url for q in ("short0", "long0"))
+    await pool.aclose()
+    stopped.running.set()
+    await stopped.stop()
+
+
+async def test_one_stopped_worker_times_out_once_and_is_not_sent_it_again() -> None:
+    stopped = await Stoppable().start()
+    stopped.running.clear()
+    pool = live_pool([stopped.url], breaker_threshold=5)
+    started = time.monotonic()
+    with pytest.raises(BackendTimeoutError, match="deadline") as err:
+        await pool.json("POST", "/generate", gen_body("q/n", 5))
+    assert time.monotonic() - started < 1.0 and stopped.url in err.value.endpoint
+    assert stopped.attempts["/generate"] <= 1 and pool.endpoints[stopped.url].attempts == 1
+    await pool.aclose()
+    stopped.running.set()
+    await stopped.stop()
+
+
+async def test_the_deadline_covers_a_stream_that_stalls(server: FakeSGLang) -> None:
+    server.hang, server.token_delay_s = True, 0.05  # headers, then chunks forever
+    pool = live_pool([server.url], deadline_floor_s=0.3)
+    body = {**gen_body("q/n", 3), "stream": True}
+    started = time.monotonic()
+    with pytest.raises(BackendTimeoutError):
+        async with pool.send("POST", "/generate", body) as (_, response):
+            async for _line in response.aiter_lines():
+                pass
+    assert time.monotonic() - started < 1.5
+    assert pool.endpoints[server.url].breaker.failures == 1
+    await asyncio.sleep(0.1)  # the server sees the disconnect and drops the request
+    assert server.live == {}
+    await pool.aclose()
+
+
+async def test_an_open_breaker_is_probed_on_a_timer_without_traffic() -> None:
+    worker = await Stoppable().start()
+    worker.running.clear()
+    pool = live_pool([worker.url], breaker_threshold=1, max_retries=0)
+    with pytest.raises(BackendTimeoutError):
+        await pool.json("POST", "/generate", gen_body("q/n", 1))
+    breaker = pool.endpoints[worker.url].breaker
+    assert breaker.state == "open"
+    await asyncio.sleep(0.8)  # cooldown 0.3 s, probes time out at 0.2 s: still stopped
+    assert breaker.opened_at is not None and worker.attempts["/health"] >= 1
+    worker.running.set()  # SIGCONT
+    for _ in range(40):
+        if breaker.state == "closed":
+            break
+        await asyncio.sleep(0.05)
+    assert breaker.state == "closed" and worker.attempts["/generate"] == 1  # no new traffic
+    _, out = await pool.json("POST", "/generate", gen_body("q/n2", 1))
+    assert out["meta_info"]["completion_tokens"] == 1
+    await pool.aclose()
+    await worker.stop()
+
+
+async def test_a_sigstopped_process_is_routed_around_and_taken_back(
+    server: FakeSGLang, tmp_path: Path
+) -> None:
+    """The real thing: a worker process stopped with SIGSTOP, then continued."""
+    script = (
+        "import asyncio, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from fake_sglang import FakeSGLang\n"
+        "async def main():\n"
+        "    srv = await FakeSGLang().start()\n"
+        "    print(srv.url, flush=True)\n"
+        "    await asyncio.Event().wait()\n"
+        "asyncio.run(main())\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        url = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        pool = live_pool([url, server.url])
+        assert (await pool.json("POST", "/generate", gen_body("a/n", 2), key="a"))[0] == url
+        os.kill(proc.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        outs = await asyncio.gather(
+            *(pool.json("POST", "/generate", gen_body(f"a{i}/n", 50), key="a") for i in range(4))
+        )
+        assert {u for u, _ in outs} == {server.url} and time.monotonic() - started < 3.0
+        assert pool.endpoints[url].breaker.opened_at is not None
+        os.kill(proc.pid, signal.SIGCONT)
+        for _ in range(60):
+            if pool.endpoints[url].breaker.state == "closed":
+                break
+            await asyncio.sleep(0.05)
+        assert pool.endpoints[url].breaker.state == "closed"  # the timed probe took it back
+        await pool.aclose()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        await proc.wait()
+
+
+async def test_the_api_key_goes_on_every_request() -> None:
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("authorization")))
+        if request.url.path == "/generate" and len(seen) == 1:
+            return httpx.Response(503)  # opens the breaker: the timed probe must carry it too
+        return httpx.Response(200, json={"meta_info": {"completion_tokens": 1}})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    config = HttpConfig(api_key="s3cret", breaker_threshold=1, breaker_cooldown_s=0.05,
+                        backoff_base_s=0.001)  # fmt: skip
+    pool = EndpointPool(["http://a", "http://b"], config, client=client)
+    await pool.json("POST", "/generate", gen_body("q/n", 1), key="q")
+    await pool.json("GET", "/get_server_info")
+    await pool.json("POST", "/abort_request", {"rid": "q"}, only="http://b")
+    for _ in range(40):
+        if any(path == "/health" for path, _ in seen):
+            break
+        await asyncio.sleep(0.02)
+    assert {path for path, _ in seen} == {"/generate", "/get_server_info", "/abort_request",
+                                          "/health"}  # fmt: skip
+    assert all(auth == "Bearer s3cret" for _, auth in seen)
+    assert "s3cret" not in repr(config)
+    await pool.aclose()
+    await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("field_name", "value"),
+    [("api_key", ""), ("api_key", "a\nb"), ("deadline_floor_s", 0), ("deadline_cap_s", 0.5),
+     ("deadline_slack", "2"), ("max_retries", 1.5), ("health_path", "health"),
+     ("speed_weight", 2.0)],
+)  # fmt: skip
+def test_http_config_names_the_bad_field(field_name: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=field_name):
+        HttpConfig(**{field_name: value})  # type: ignore[arg-type]
+
+
+def test_the_factories_take_the_api_key_as_an_http_option() -> None:
+    from spec_tot.adapters.openai_compat import create_openai
+    from spec_tot.adapters.sglang import create_sglang
+
+    assert create_sglang(urls=["http://a"], api_key="k1").pool.config.api_key == "k1"
+    assert create_openai(urls=["http://a"], api_key="k2").pool.config.api_key == "k2"

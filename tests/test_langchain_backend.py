@@ -144,3 +144,119 @@ async def test_errors_are_backend_errors() -> None:
         await bad.score([RewardItem("r", "q", ("a",))])
     steps = RunnableReward(RunnableLambda(lambda x: [0.1] * len(x["steps"])))
     assert await steps.score([RewardItem("r", "q", ("a", "b"))]) == [(0.1, 0.1)]
+
+
+# -- saturation: from config, or measured -------------------------------------------------
+class Queueing(FakeListChatModel):
+    """A provider that serves ``capacity`` calls at once at full speed and slows down
+    beyond it (latency grows with the queue)."""
+
+    capacity: int = 4
+    base_s: float = 0.02
+    running: int = 0
+
+    async def _agenerate(
+        self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any
+    ) -> Any:
+        self.running += 1
+        try:
+            await asyncio.sleep(self.base_s * max(1.0, self.running / self.capacity))
+        finally:
+            self.running -= 1
+        return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+
+async def test_saturation_comes_from_config_or_a_measurement() -> None:
+    assert (
+        LangChainBackend(Queueing(responses=["x"]), saturation=12).capabilities.saturation_batch
+        == 12
+    )
+    bounded = LangChainBackend(Queueing(responses=["x"]), saturation=12, max_concurrency=6)
+    assert bounded.capabilities.saturation_batch == 6
+    backend = LangChainBackend(Queueing(responses=["x"]))
+    assert backend.capabilities.saturation_batch == 4  # nothing measured yet
+    measured = await backend.measure_saturation(levels=(1, 1, 1, 2, 2, 4, 8, 16, 16))
+    assert 4 <= measured <= 8, measured  # the provider's knee, from latencies alone
+    with pytest.raises(ConfigError, match="saturation"):
+        LangChainBackend(Queueing(responses=["x"]), saturation=0)
+
+
+def test_the_probe_learns_from_traffic() -> None:
+    from spec_tot.adapters._saturation import LoadProbe
+
+    probe = LoadProbe()
+    for inflight in (1, 2, 4, 8, 16, 32):
+        for _ in range(4):
+            probe.record(inflight, 0.01 * max(1, inflight / 16), tokens=10)
+    assert probe.estimate() == 16
+    flat = LoadProbe(ceiling=100)
+    for inflight in (1, 2, 4):
+        for _ in range(4):
+            flat.record(inflight, 0.01, tokens=1)
+    assert flat.estimate() == 8  # still flat at 4 in flight: may probe up to 8
+
+
+# -- a LangChain model as backend, registries ----------------------------------------------
+def test_compile_wraps_a_chat_model_and_refuses_other_objects() -> None:
+    app = compile_toy(
+        backend=FakeListChatModel(responses=["answer: 24"]),
+        backend_options={"max_concurrency": 2},
+        reward=RunnableReward(RunnableLambda(lambda x: 0.5)),
+        search="beam",
+        search_params={"n": 2, "width": 2, "max_depth": 2},
+    )
+    assert isinstance(app.backend, LangChainBackend) and app.backend.max_concurrency == 2
+    assert app.invoke("toy puzzle 0").answer == "24"
+    scorer = RunnableReward(RunnableLambda(lambda x: 0.5))
+    with pytest.raises(ConfigError, match="backend: expected a GenerationBackend"):
+        compile_toy(backend=object(), reward=scorer, search="beam")
+    from spec_tot.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError, match="nope"):
+        compile_toy(backend="nope", reward=scorer, search="beam")
+
+
+PLUGIN = """
+from spec_tot.adapters.scripted import ScriptedBackend
+from spec_tot.policies.beam import BeamSearch
+
+
+def make_backend(**options):
+    backend = ScriptedBackend()
+    backend.plugin_options = options
+    return backend
+
+
+class WideBeam(BeamSearch):
+    def __init__(self, width: int = 3, **params):
+        super().__init__(width=width, **params)
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed distribution declaring a backend and a policy as entry points."""
+    (tmp_path / "my_plugin.py").write_text(PLUGIN)
+    info = tmp_path / "my_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[spec_tot.backends]\nmine = my_plugin:make_backend\nlocal = my_plugin:make_backend\n\n"
+        "[spec_tot.policies]\nwide_beam = my_plugin:WideBeam\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.usefixtures("plugin")
+def test_plugins_are_seen_by_compile_and_the_cli() -> None:
+    from spec_tot import default_registry, policy_names
+    from spec_tot._cli_checks import backend_registry, policy_schema
+
+    with pytest.warns(UserWarning, match="may not replace the built-in 'local'"):
+        names = default_registry().names()
+    assert "mine" in names and "mine" in backend_registry().names()
+    assert "wide_beam" in policy_names()
+    assert policy_schema("wide_beam")  # the CLI reads the plug-in policy's parameters
+    app = compile_toy(backend="mine", backend_options={"flavour": 1}, search="wide_beam")
+    assert app.backend.plugin_options == {"flavour": 1}  # type: ignore[attr-defined]
+    assert app.invoke("toy puzzle 1").status == "ok"

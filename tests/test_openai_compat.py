@@ -48,6 +48,9 @@ async def test_completions_stream_and_plain(server: FakeOpenAI, stream: bool) ->
     assert body["n"] == 2 and body["stop"] == ["\n"] and body["stream"] is stream
     assert body["top_k"] == 4 and body["seed"] == 3 and body["model"] == "m"
     assert b.num_inflight == 0 and server.live == set()
+    # Streamed or not, the pool learned the worker's speed (per-request deadlines use it).
+    learned = b.pool.endpoints[server.url.rstrip("/")].s_per_token
+    assert learned is not None and learned > 0
     await b.aclose()
 
 

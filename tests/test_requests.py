@@ -48,7 +48,6 @@ def test_greedy_only_at_zero_temperature() -> None:
         ({"top_p": math.nan}, "top_p"),
         ({"top_k": 0}, "top_k"),
         ({"top_k": -2}, "top_k"),
-        ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": -3}, "max_tokens"),
         ({"stop": "\n"}, "stop"),
         ({"stop": ("\n", "")}, "stop"),

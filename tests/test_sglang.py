@@ -6,6 +6,7 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
 
+import httpx
 import pytest
 from fake_sglang import FakeSGLang
 
@@ -62,19 +63,23 @@ async def test_generate_wire_format_and_results(server: FakeSGLang, stream: bool
     assert [c.text.split(" ")[0] for c in many.completions] == ["t0.0", "t1.0", "t2.0"]
     assert all(c.finish_reason is FinishReason.STOP and c.num_tokens == 4 for c in many.completions)
     body = server.generate_bodies[-1]
-    assert body["input_ids"] == [1, 2, 3] and "text" not in body
-    assert body["sampling_params"] == {
-        "n": 3,
-        "temperature": 0.8,
-        "top_p": 1.0,
-        "top_k": 5,
-        "max_new_tokens": 64,
-        "stop": ["\n"],
-    }
-    assert body["rid"].startswith("q1/b#") and body["rid"].endswith("#")  # prefix-free
-    assert body["priority"] == 0 and server.generate_bodies[0]["priority"] == 1
+    # Never n > 1 on the wire: one prompt per sample, each with its own rid.
+    assert body["input_ids"] == [[1, 2, 3]] * 3 and "text" not in body
+    assert (
+        body["sampling_params"]
+        == [{"temperature": 0.8, "top_p": 1.0, "top_k": 5, "max_new_tokens": 64, "stop": ["\n"]}]
+        * 3
+    )
+    assert len(set(body["rid"])) == 3
+    assert all(r.startswith("q1/b#") and r.endswith("#") for r in body["rid"])  # prefix-free
+    first = server.generate_bodies[0]
+    assert first["text"] == "hi" and isinstance(first["rid"], str)  # a lone sample: single
+    assert body["priority"] == 0 and first["priority"] == 1
     assert body["stream"] is stream
     assert b.num_inflight == 0 and server.live == {}
+    # Streamed or not, the pool learned the worker's speed (per-request deadlines use it).
+    learned = b.pool.endpoints[server.url.rstrip("/")].s_per_token
+    assert learned is not None and learned > 0
     await b.aclose()
 
 
@@ -85,6 +90,11 @@ async def test_capabilities_sized_from_server_info(server: FakeSGLang) -> None:
     assert caps.max_running_requests == 96 and caps.saturation_batch == 96
     assert caps.name == "sglang" and caps.prefix_cache and caps.extra["workers"] == 2.0
     await b.aclose()
+    cold = backend([server.url], load_poll_s=0)
+    before = server.attempts["/get_server_info"]
+    await asyncio.gather(*(cold.generate(req(f"q{i}/a", n=1)) for i in range(8)))
+    assert server.attempts["/get_server_info"] - before == 1  # a burst shares one fetch
+    await cold.aclose()
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -102,7 +112,7 @@ async def test_subtree_abort_reaches_server(server: FakeSGLang, stream: bool) ->
         result = await tasks[i]
         assert all(c.finish_reason is FinishReason.ABORT for c in result.completions)
     assert {r.split("#")[0] for r in server.aborted} == {"q/n1", "q/n1/n2"}
-    assert any(c.endswith("_1") for c in server.abort_calls)  # n>1: each exact server rid
+    assert len(server.aborted) == 3  # n>1: each sample's exact server rid
     assert len(server.live) == 2 and not tasks["q/n10"].done()  # the sibling q/n10 lives
     assert await b.abort("q") == 1 and await b.abort("other") == 1
     await asyncio.gather(*tasks.values())
@@ -134,8 +144,11 @@ async def test_dedup_merges_identical_requests_and_splits_results(server: FakeSG
         b.generate(req("q/d", prompt="other")),
     )
     assert len(server.generate_bodies) == 2
-    merged = next(x for x in server.generate_bodies if x["text"] == "hi")
-    assert merged["sampling_params"]["n"] == 6
+    merged = next(x for x in server.generate_bodies if x["text"] != "other")
+    assert merged["text"] == ["hi"] * 6
+    seeds = [p["sampling_seed"] for p in merged["sampling_params"]]
+    assert seeds[0] == 1 and seeds[2] == 2 and seeds[3] == 3  # each request keeps its seed
+    assert len(set(seeds)) == 6  # and its other samples get their own
     assert [r.request_id for r in results] == ["q/a", "q/b", "q/c", "q/d"]
     assert [len(r.completions) for r in results] == [2, 1, 3, 1]
     texts = [c.text.split(" ")[0] for r in results[:3] for c in r.completions]
@@ -157,7 +170,9 @@ async def test_aborting_one_merged_caller_keeps_the_others(server: FakeSGLang) -
     b_res, c_res = await tb, await tc
     assert all(c.finish_reason is FinishReason.STOP for c in c_res.completions)
     assert [c.text.split(" ")[0] for c in c_res.completions] == ["t2.0", "t3.0"]
-    assert len(b_res.completions) == 2 and server.abort_calls == []
+    assert len(b_res.completions) == 2
+    assert len(server.abort_calls) == 2  # only q/a's two samples stopped on the server
+    assert all(r in server.aborted for r in server.abort_calls)
     await until(lambda: server.live == {})
     await b.aclose()
 
@@ -239,3 +254,71 @@ def test_config_validation_and_registry() -> None:
         create_sglang(urls=["http://127.0.0.1:1"], router_url="http://127.0.0.1:2")
     made = default_registry().create("sglang", router_url="http://127.0.0.1:3")
     assert isinstance(made, SGLangBackend) and made.pool.urls == ["http://127.0.0.1:3"]
+
+
+async def test_fake_is_0_5_23_parallel_samples_cannot_be_aborted_by_rid(
+    server: FakeSGLang,
+) -> None:
+    """The fake's SGLang 0.5.23 semantics: n > 1 samples get fresh rids, so aborting the
+    request's own rid is silently ignored (what the adapter must never rely on)."""
+    server.hang = True
+    async with httpx.AsyncClient() as client:
+        body = {"text": "hi", "rid": "job2", "sampling_params": {"n": 3}}
+        task = asyncio.create_task(client.post(f"{server.url}/generate", json=body))
+        await until(lambda: len(server.live) == 3)
+        assert "job2" not in server.live
+        await client.post(f"{server.url}/abort_request", json={"rid": "job2"})
+        await asyncio.sleep(0.05)
+        assert len(server.live) == 3  # nothing aborted
+        await client.post(f"{server.url}/abort_request", json={"abort_all": True})
+        reply = await task
+    assert [o["meta_info"]["finish_reason"]["type"] for o in reply.json()] == ["abort"] * 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("dedup", [False, True])
+async def test_cancelling_a_speculative_subtree_aborts_every_sample(
+    server: FakeSGLang, stream: bool, dedup: bool
+) -> None:
+    """n = 1 and n > 1, merged or not: after abort(subtree) none of its samples is live on a
+    server with SGLang 0.5.23's abort rules, and the rest of the query runs on."""
+    server.hang = True
+    b = backend([server.url], stream=stream, dedup=dedup)
+    spec = {"priority": Priority.SPECULATIVE, "speculative": True}
+    shapes = {"q/s": 1, "q/s/a": 3, "q/s/b": 1, "q/s/c": 3, "q/t": 2}
+    tasks = {
+        rid: asyncio.create_task(b.generate(req(rid, prompt="p", n=n, seed=7, **spec)))
+        for rid, n in shapes.items()
+    }
+    await until(lambda: len(server.live) == sum(shapes.values()))
+    assert await b.abort("q/s") == 4
+    for rid in ("q/s", "q/s/a", "q/s/b", "q/s/c"):
+        result = await tasks[rid]
+        assert len(result.completions) == shapes[rid]
+        assert all(c.finish_reason is FinishReason.ABORT for c in result.completions)
+    await until(lambda: len(server.live) == 2)  # only q/t's two samples
+    assert set(server.live) == set(_sample_rids(b, "q/t"))
+    assert await b.abort("q") == 1
+    await tasks["q/t"]
+    await until(lambda: server.live == {})
+    assert b.num_inflight == 0
+    await b.aclose()
+
+
+def _sample_rids(b: SGLangBackend, request_id: str) -> list[str]:
+    member = b._members[request_id]
+    group = next(g for g in b._groups.values() if member in g.members)
+    return group.sample_rids([member])
+
+
+async def test_reported_load_polls_v1_loads(server: FakeSGLang) -> None:
+    server.hang, server.waiting = True, 3
+    b = backend([server.url], load_poll_s=0.01)
+    assert b.reported_load() is None
+    task = asyncio.create_task(b.generate(req("q/a", n=2)))
+    await until(lambda: b.reported_load() == 5.0)  # 2 running + 3 waiting
+    await b.abort("q")
+    await task
+    await until(lambda: b.reported_load() == 3.0)
+    await b.aclose()
+    assert any(p.startswith("/v1/loads") for p in server.attempts)

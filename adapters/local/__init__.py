@@ -23,13 +23,19 @@ def create_local(
 ) -> LocalBackend:
     """A ``LocalBackend`` for a local Hugging Face folder (``policy_path``), or for a
     random-weight model (``model_config={...}``), plus an optional PRM folder. ``options`` are
-    ``EngineConfig`` fields (``synthetic`` may be a dict of ``SyntheticWorkload`` fields)."""
+    ``EngineConfig`` fields (``synthetic`` may be a dict of ``SyntheticWorkload`` fields), and
+    ``prm_num_kv_blocks`` / ``prm_block_size`` size the PRM's own prefix-cache pool."""
     from .backend import LocalBackend
     from .config import EngineConfig, SyntheticWorkload, resolve_device, resolve_dtype
     from .engine import LLMEngine
     from .prm import PrmScorer
 
     synthetic = options.pop("synthetic", None)
+    prm_options = {
+        key.removeprefix("prm_"): options.pop(key)
+        for key in ("prm_num_kv_blocks", "prm_block_size")
+        if key in options
+    }
     if isinstance(synthetic, dict):
         synthetic = SyntheticWorkload(**synthetic)
     engine = None
@@ -39,7 +45,8 @@ def create_local(
     prm = None
     if prm_path is not None:
         device = resolve_device(options.get("device", "cpu"))
-        prm = PrmScorer(prm_path, device, resolve_dtype(options.get("dtype", "auto"), device))
+        dtype = resolve_dtype(options.get("dtype", "auto"), device)
+        prm = PrmScorer(prm_path, device, dtype, **prm_options)
     return LocalBackend(engine, prm)
 
 

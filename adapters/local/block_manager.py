@@ -4,8 +4,9 @@ Full blocks are named by a chained hash (hash of the previous block's hash and t
 tokens, as in vLLM / nano-vllm), so two sequences with the same token prefix map that prefix
 to the same physical blocks, across requests and queries. A freed block keeps its hash and
 stays findable until it is handed out again (LRU order), so a later request can still hit it.
-A block's hash is published only once its K/V are written (prompt blocks: in the step that
-allocates them; generated blocks: after the forward that fills them).
+A block's hash is published when the step that writes its K/V is planned (``publish``):
+rows of the same step may share it, since every layer writes the step's K/V before it
+attends. If that step fails, ``forget`` takes the hashes of the unwritten blocks back.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return len(self.blocks) - len(self._free)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (SGLang's ``/flush_cache``); only when no block is in
+        use, as SGLang flushes only while idle. Returns whether it did."""
+        if self.num_used_blocks:
+            return False
+        self._hash_to_block.clear()
+        for block in self.blocks:
+            block.hash, block.token_ids = -1, ()
+        return True
+
     # -- internals --------------------------------------------------------------------------
     def _pop_free(self) -> int:
         block_id, _ = self._free.popitem(last=False)  # least recently freed first
@@ -75,13 +86,15 @@ class BlockManager:
             self._hash_to_block.setdefault(block.hash, block_id)
         return block.hash
 
-    def _match_prefix(self, seq: Sequence) -> list[int]:
-        """Cached blocks for the longest full-block prefix, leaving >= 1 token to compute."""
+    def _match_prefix(self, seq: Sequence, max_cached: int) -> list[int]:
+        """Cached blocks for the longest full-block prefix, leaving >= 1 token to compute
+        and covering at most ``max_cached`` tokens."""
         if not self.enable_prefix_caching:
             return []
         bs, ids, hits = self.block_size, seq.token_ids, []
+        limit = min(len(ids) - 1, max_cached)
         prev = -1
-        for start in range(0, len(ids) - 1 - (len(ids) - 1) % bs, bs):
+        for start in range(0, limit - limit % bs, bs):
             tokens = tuple(ids[start : start + bs])
             prev = chain_hash(prev, tokens)
             block_id = self._hash_to_block.get(prev)
@@ -91,35 +104,49 @@ class BlockManager:
         return hits
 
     # -- admission --------------------------------------------------------------------------
-    def num_blocks_needed(self, seq: Sequence) -> int:
+    def num_blocks_needed(self, seq: Sequence, max_cached: int) -> int:
         total = -(-len(seq) // self.block_size)
-        in_use = sum(1 for b in self._match_prefix(seq) if self.blocks[b].ref_count > 0)
-        return total - in_use
+        hits = self._match_prefix(seq, max_cached)
+        return total - sum(1 for b in hits if self.blocks[b].ref_count > 0)
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        return self.num_blocks_needed(seq) <= len(self._free)
+    def can_allocate(self, seq: Sequence, max_cached: int) -> bool:
+        return self.num_blocks_needed(seq, max_cached) <= len(self._free)
 
-    def allocate(self, seq: Sequence) -> None:
+    def allocate(self, seq: Sequence, max_cached: int) -> None:
         """Give a waiting sequence its block table; cached blocks are shared, not recomputed."""
-        hits = self._match_prefix(seq)
-        bs, ids, prev = self.block_size, seq.token_ids, -1
-        table: list[int] = []
+        hits = self._match_prefix(seq, max_cached)
         for block_id in hits:
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self._free[block_id]
             block.ref_count += 1
-            table.append(block_id)
-            prev = block.hash
-        for start in range(len(hits) * bs, len(ids), bs):
-            block_id = self._pop_free()
-            table.append(block_id)
-            tokens = tuple(ids[start : start + bs])
-            if len(tokens) == bs:  # computed in this very step, before anyone can read it
-                prev = self._publish(block_id, prev, tokens)
-        seq.block_table = table
-        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * bs
+        fresh = -(-len(seq) // self.block_size) - len(hits)
+        seq.block_table = hits + [self._pop_free() for _ in range(fresh)]
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_hashed_blocks = len(hits)
         self.num_prefix_hit_blocks += len(hits)
+
+    def publish(self, seq: Sequence, upto: int) -> None:
+        """Publish the full blocks of ``seq`` that end at or before token ``upto``."""
+        bs, table = self.block_size, seq.block_table
+        for index in range(seq.num_hashed_blocks, upto // bs):
+            prev = self.blocks[table[index - 1]].hash if index else -1
+            block = self.blocks[table[index]]
+            if block.hash == -1:
+                tokens = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+                self._publish(block.block_id, prev, tokens)
+            seq.num_hashed_blocks = index + 1
+
+    def forget(self, seq: Sequence, start: int) -> None:
+        """Un-publish the blocks of ``seq`` from token ``start`` on (their K/V were never
+        written: the step that should have written them failed)."""
+        bs = self.block_size
+        for index in range(start // bs, seq.num_hashed_blocks):
+            block = self.blocks[seq.block_table[index]]
+            if block.hash != -1 and self._hash_to_block.get(block.hash) == block.block_id:
+                del self._hash_to_block[block.hash]
+            block.hash, block.token_ids = -1, ()
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, start // bs)
 
     # -- decode -----------------------------------------------------------------------------
     def _needs_block(self, seq: Sequence) -> bool:
@@ -132,31 +159,27 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return not self._needs_block(seq) or len(self._free) > 0
 
-    def may_append(self, seq: Sequence) -> None:
-        pos = len(seq) - 1
-        index = pos // self.block_size
-        if index >= len(seq.block_table):
-            seq.block_table.append(self._pop_free())
-            return
-        old = seq.block_table[index]
-        if self.blocks[old].ref_count > 1:  # copy-on-write of a shared partial block
-            new = self._pop_free()
+    def reserve_slot(self, seq: Sequence) -> bool:
+        """Room for the token at position len-1 (a new block, or a private copy of a shared
+        partial one); False, changing nothing, when no block is free."""
+        table = seq.block_table
+        index = (len(seq.token_ids) - 1) // self.block_size
+        if index < len(table):
+            old = table[index]
+            if self.blocks[old].ref_count == 1:
+                return True
+            if not self._free:
+                return False
+            new = self._pop_free()  # copy-on-write of a shared partial block
             self.cow_pairs.append((old, new))
             self._release(old)
-            seq.block_table[index] = new
+            table[index] = new
             self.num_cow_copies += 1
-
-    def on_computed(self, seq: Sequence) -> None:
-        """After a forward: publish the block the sequence just filled, if it is full."""
-        n = seq.num_computed_tokens
-        if n % self.block_size or n == 0:
-            return
-        index = n // self.block_size - 1
-        block = self.blocks[seq.block_table[index]]
-        if block.hash != -1:
-            return
-        prev = self.blocks[seq.block_table[index - 1]].hash if index else -1
-        self._publish(block.block_id, prev, tuple(seq.token_ids[n - self.block_size : n]))
+            return True
+        if not self._free:
+            return False
+        table.append(self._pop_free())
+        return True
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (copy-on-write at the next write)."""
@@ -168,7 +191,7 @@ class BlockManager:
         for block_id in reversed(seq.block_table):  # tail first: evicted before the prefix
             self._release(block_id)
         seq.block_table = []
-        seq.num_computed_tokens = seq.num_cached_tokens = 0
+        seq.num_computed_tokens = seq.num_cached_tokens = seq.num_hashed_blocks = 0
 
     def take_cow_pairs(self) -> list[tuple[int, int]]:
         pairs, self.cow_pairs = self.cow_pairs, []

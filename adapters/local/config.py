@@ -50,8 +50,13 @@ class EngineConfig:
     ``model_config`` (a config dict: random weights, no file) is set.
 
     ``num_kv_blocks`` sizes the paged KV pool (``block_size`` tokens a block).
-    ``saturation_batch``: ``None`` measures it at start-up (decode step time vs batch size),
-    an int is taken as given.
+    ``saturation_batch``: ``None`` measures it at start-up (the engine's full step cost vs
+    batch size, cached per model and machine), an int is taken as given.
+    ``mixed_steps``: decode rows and prompt chunks share a step under a budget of
+    ``max_num_batched_tokens`` tokens (False: the older all-prefill / all-decode steps, whole
+    prompts, kept for comparison). ``attention``: ``"sparse"`` reads the KV pool in place for
+    decode rows, ``"gather"`` gathers contexts for SDPA; ``"auto"`` picks sparse on CPU
+    (float32), gather elsewhere.
     """
 
     model: str | None = None
@@ -67,6 +72,8 @@ class EngineConfig:
     enable_dedup: bool = True
     seed: int = 0
     saturation_batch: int | None = None
+    mixed_steps: bool = True
+    attention: str = "auto"
     synthetic: SyntheticWorkload | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -79,18 +86,37 @@ class EngineConfig:
             raise ConfigError("device", f"must be 'auto', 'cpu' or 'cuda[:i]', got {self.device!r}")
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.max_num_batched_tokens < self.max_model_len:
-            # Prefill is whole (not chunked): the longest prompt must fit in one step.
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_model_len",
+            "max_num_batched_tokens",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(name, f"must be an int, got {value!r}")
+            if value < 1:
+                raise ConfigError(name, f"must be >= 1, got {value}")
+        for name in ("enable_prefix_caching", "enable_dedup", "mixed_steps"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError("seed", f"must be an int, got {self.seed!r}")
+        if not self.mixed_steps and self.max_num_batched_tokens < self.max_model_len:
+            # Legacy steps prefill whole prompts: the longest prompt must fit in one step.
             raise ConfigError(
                 "max_num_batched_tokens",
                 f"must be >= max_model_len ({self.max_model_len}), got "
                 f"{self.max_num_batched_tokens}",
             )
-        if self.saturation_batch is not None and self.saturation_batch < 1:
-            raise ConfigError("saturation_batch", f"must be >= 1, got {self.saturation_batch}")
+        if self.attention not in ("auto", "sparse", "gather"):
+            raise ConfigError(
+                "attention", f"must be 'auto', 'sparse' or 'gather', got {self.attention!r}"
+            )
+        sat = self.saturation_batch
+        if sat is not None and (not isinstance(sat, int) or isinstance(sat, bool) or sat < 1):
+            raise ConfigError("saturation_batch", f"must be an int >= 1, got {sat!r}")
 
 
 def resolve_device(name: str) -> str:

@@ -1,39 +1,46 @@
 """LLMEngine: add requests, abort by prefix, and ``step()`` = schedule -> run -> postprocess.
 
-Not thread-safe: ``LocalBackend`` drives it from one worker thread. CD lives in
-``_postprocess``: one forward per physical sequence, one draw per member, a fork only where
-members drew different tokens (blocks shared, copy-on-write of the last partial block).
+Not thread-safe: ``LocalBackend`` drives it from one worker thread. A step is one packed
+forward over every scheduled row (decode rows and prompt chunks together, see
+``scheduler.py``), one vectorised draw for every member, then per-row bookkeeping
+(``postprocess.py``).
+
+Failures stay with the request that caused them. Requests are validated where they enter
+(``validate.py``). If a forward still raises, every row of the step is run again alone: the
+rows that fail alone fail their requests (``take_failures``), the rest run on as if nothing
+happened (a failed step writes nothing any other row reads). A row whose bookkeeping raises
+fails its own requests only.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
+import itertools
 import time
 from typing import Any
 
 import torch
 
-from spec_tot.errors import ConfigError
-from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult
+from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from .block_manager import BlockManager
 from .config import EngineConfig, resolve_device, resolve_dtype
-from .detokenizer import decode_incremental, find_stop
+from .detokenizer import StopChecker
+from .intake import Intake
 from .loader import LoadedModel, build_random_model, load_model_folder
 from .model import KVCache
+from .postprocess import LogitPlan, Postprocessor, plan_logits, record_prompt_logprobs
 from .runner import ModelRunner
-from .sampler import Sampler, draw_uniforms
-from .scheduler import Scheduler
+from .sampler import Sampler
+from .scheduler import Scheduler, StepPlan
 from .sequence import (
-    Member,
     RequestState,
+    ScheduledRow,
     Sequence,
     SequenceStatus,
     finish_member,
-    member_seed,
 )
-from .synthetic import PseudoTokenizer, synthetic_step_len
+from .synthetic import PseudoTokenizer
+from .validate import RequestValidator
 
 __all__ = ["LLMEngine"]
 
@@ -41,14 +48,11 @@ _COUNTERS = (
     "num_steps",
     "num_prefill_steps",
     "num_decode_steps",
-    "num_requests",
-    "num_merged_requests",
+    "num_mixed_steps",
     "num_aborted_requests",
-    "num_prompt_tokens",
+    "num_failed_requests",
     "num_computed_prompt_tokens",
-    "num_generated_tokens",
     "num_forward_rows",
-    "num_forks",
     "peak_kv_blocks_used",
     "step_seconds",
     "peak_running_seqs",
@@ -78,21 +82,35 @@ class LLMEngine:
         self.max_len = min(
             config.max_model_len, args.max_position_embeddings, config.num_kv_blocks * bs
         )
+        self.validator = RequestValidator(
+            self.tokenizer, args.vocab_size, self.max_len, config.max_num_seqs
+        )
         self.block_manager = BlockManager(config.num_kv_blocks, bs, config.enable_prefix_caching)
         cache = KVCache.allocate(args, config.num_kv_blocks, bs, self.device, dtype)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(loaded.model, cache, self.device)
-        self.sampler = Sampler()
+        self.runner = ModelRunner(loaded.model, cache, self.device, config.attention)
+        self.sampler = Sampler(self.eos_ids)
         self.requests: dict[str, RequestState] = {}
-        self._merge_index: dict[tuple[Any, ...], Sequence] = {}
-        self._seed_rng = random.Random(config.seed)
-        self._next_seq_id = 0
-        self._arrival = 0
+        self._seq_ids = itertools.count(1)
+        self.intake = Intake(config, self.validator, self.scheduler, self.requests, self._seq_ids)
+        self._failures: list[tuple[str, BaseException]] = []
+        self.post = Postprocessor(
+            self.tokenizer,
+            self.eos_ids,
+            self.max_len,
+            config.synthetic,
+            self.block_manager,
+            self.scheduler,
+            self.requests,
+            self._seq_ids,
+            StopChecker(self.tokenizer, args.vocab_size),
+            self._release,
+        )
         # counters (names listed in _COUNTERS; exported by ``stats()``)
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
-        self.num_requests = self.num_merged_requests = self.num_aborted_requests = 0
-        self.num_prompt_tokens = self.num_computed_prompt_tokens = 0
-        self.num_generated_tokens = self.num_forward_rows = self.num_forks = 0
+        self.num_mixed_steps = self.num_failed_requests = self.num_aborted_requests = 0
+        self.num_computed_prompt_tokens = 0
+        self.num_forward_rows = 0
         self.peak_kv_blocks_used = self.peak_running_seqs = 0
         self.step_seconds = 0.0  # wall time inside step(): scheduling, forward, sampling
 
@@ -100,65 +118,10 @@ class LLMEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
 
-    def add_request(self, request: GenerateRequest) -> None:
-        if request.request_id in self.requests:
-            raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
-        if request.prompt_ids is not None:
-            ids = list(request.prompt_ids)
-        else:
-            ids = self.encode(request.prompt or "")
-        if not ids:
-            raise ConfigError("prompt", "encodes to no token")
-        if len(ids) >= self.max_len:
-            raise ConfigError("prompt", f"{len(ids)} tokens; the engine holds {self.max_len}")
-        params = request.sampling
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(63)
-        state = RequestState(
-            request.request_id, params, tuple(ids), request.priority, [None] * request.n
-        )
-        members = []
-        for i in range(request.n):
-            gen = None if params.greedy else torch.Generator().manual_seed(member_seed(seed, i))
-            syn = self.config.synthetic
-            target = synthetic_step_len(syn, request.request_id, i) if syn else 0
-            members.append(Member(state, i, gen, target))
-        self.requests[request.request_id] = state
-        self.num_requests += 1
-        self.num_prompt_tokens += len(ids)
-        if not (self.config.enable_dedup and request.dedup):
-            for member in members:
-                self.scheduler.add(self._new_seq(ids, request, [member]))
-            return
-        key = (tuple(ids), dataclasses.replace(params, seed=None), request.priority)
-        twin = self._merge_index.get(key)
-        if (
-            twin is not None
-            and twin.status == SequenceStatus.WAITING
-            and not twin.num_output_tokens
-        ):
-            twin.members.extend(members)  # CD across requests: one physical sequence
-            self.num_merged_requests += 1
-            return
-        seq = self._new_seq(ids, request, members)
-        if len(self._merge_index) > 2 * self.scheduler.num_waiting + 64:
-            self._merge_index = {
-                k: s for k, s in self._merge_index.items() if s.status == SequenceStatus.WAITING
-            }
-        self._merge_index[key] = seq
-        self.scheduler.add(seq)
-
-    def _new_seq(self, ids: list[int], request: GenerateRequest, members: list[Member]) -> Sequence:
-        self._next_seq_id += 1
-        self._arrival += 1
-        return Sequence(
-            self._next_seq_id,
-            list(ids),
-            len(ids),
-            request.sampling,
-            request.priority,
-            self._arrival,
-            members,
-        )
+    def add_request(self, request: GenerateRequest, stream: bool = False) -> None:
+        """Accept ``request`` (``ConfigError`` naming the field if it cannot run here);
+        ``stream``: emit a ``StreamUpdate`` per token (``take_stream_updates``)."""
+        self.intake.add(request, stream)
 
     def abort(self, prefix: str) -> list[GenerateResult]:
         """Abort requests whose id is ``prefix`` or starts with ``prefix + "/"``; their blocks
@@ -182,7 +145,7 @@ class LLMEngine:
                 continue
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
             for member in gone:
-                finish_member(member, text, seq.output_ids, FinishReason.ABORT)
+                finish_member(member, text, seq, FinishReason.ABORT)
             seq.members = [m for m in seq.members if m.request.request_id not in ids]
             if not seq.members:
                 self._release(seq, SequenceStatus.ABORTED)
@@ -197,116 +160,151 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def take_failures(self) -> list[tuple[str, BaseException]]:
+        """Requests that failed inside a step since the last call, with the cause."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    def take_stream_updates(self) -> list[StreamUpdate]:
+        return self.post.take_stream_updates()
+
     # -- the step ---------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[GenerateResult]:
         """One engine iteration; returns the requests that finished in it."""
         started = time.perf_counter()
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
+        plan = self.scheduler.schedule()
+        if not plan.rows:
             return []
-        logits = self.runner.run(seqs, is_prefill, self.block_manager.take_cow_pairs())
-        finished = self._postprocess(seqs, logits, is_prefill)
+        bs = self.block_manager.block_size
+        for row in plan.rows:
+            if row.end // bs > row.seq.num_hashed_blocks:  # a block filled in this step
+                self.block_manager.publish(row.seq, row.end)
+        cow = self.block_manager.take_cow_pairs()
+        logit_plan = plan_logits(plan)
+        try:
+            logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
+        except Exception:
+            plan = self._isolate(plan, cow)
+            logit_plan = plan_logits(plan)
+            logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
+        finished = self._postprocess(plan, logit_plan, logits)
         self.step_seconds += time.perf_counter() - started
         return finished
 
+    def _isolate(self, plan: StepPlan, cow: list[tuple[int, int]]) -> StepPlan:
+        """The step's forward raised: run each row alone; fail the requests of the rows that
+        still fail, and return the plan without them."""
+        bad: list[tuple[ScheduledRow, BaseException]] = []
+        for i, row in enumerate(plan.rows):
+            try:
+                self.runner.run([row], 1 if i < plan.num_decode else 0, [row.num_tokens - 1], cow)
+            except Exception as exc:
+                bad.append((row, exc))
+        if not bad:
+            raise RuntimeError("the step failed as a whole but every row runs alone")
+        for row, error in bad:
+            self.block_manager.forget(row.seq, row.start)
+            self._fail(row.seq, error)
+        keep = [i for i, row in enumerate(plan.rows) if row.seq.status == SequenceStatus.RUNNING]
+        num_decode = sum(1 for i in keep if i < plan.num_decode)
+        return StepPlan([plan.rows[i] for i in keep], num_decode)
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        """Fail every request with a member in ``seq`` (its content caused ``exc``)."""
+        ids = {m.request.request_id for m in seq.members} & self.requests.keys()
+        self._failures.extend((rid, exc) for rid in sorted(ids))
+        self.num_failed_requests += len(ids)
+        self._abort_ids(ids)
+        self.num_aborted_requests -= len(ids)
+
     def _postprocess(
-        self, seqs: list[Sequence], logits: torch.Tensor, is_prefill: bool
+        self, plan: StepPlan, logit_plan: LogitPlan, logits: torch.Tensor
     ) -> list[GenerateResult]:
         bm = self.block_manager
         self.num_steps += 1
-        self.num_prefill_steps += is_prefill
-        self.num_decode_steps += not is_prefill
+        decode_only = plan.num_decode == len(plan.rows)
+        self.num_decode_steps += decode_only
+        self.num_prefill_steps += plan.num_decode == 0
+        self.num_mixed_steps += not decode_only and plan.num_decode > 0
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, bm.num_used_blocks)
         self.peak_running_seqs = max(self.peak_running_seqs, len(self.scheduler.running))
-        for seq in seqs:
-            if is_prefill:
-                self.num_computed_prompt_tokens += len(seq) - seq.num_computed_tokens
-                for m in seq.members:
-                    req = m.request
-                    req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
-            seq.num_computed_tokens = len(seq)
-            bm.on_computed(seq)
-        uniforms = [draw_uniforms([m.generator for m in s.members]) for s in seqs]
-        tokens = self.sampler.sample(logits, [s.params for s in seqs], uniforms)
-        self.num_forward_rows += len(seqs)
+        for row in plan.rows[: plan.num_decode]:
+            row.seq.num_computed_tokens += 1
+        for row in plan.rows[plan.num_decode :]:
+            seq = row.seq
+            self.num_computed_prompt_tokens += row.num_tokens
+            for m in seq.members:
+                req = m.request
+                req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
+            seq.num_computed_tokens = row.end
         finished: list[GenerateResult] = []
-        for seq, toks in zip(seqs, tokens, strict=True):
-            self.num_generated_tokens += len(toks)
-            for child, tok in self._split(seq, toks):
-                child.token_ids.append(tok)
-                self._check_stop(child, tok, finished)
+        n = len(logit_plan.samples)
+        if logit_plan.prompt:
+            try:
+                record_prompt_logprobs(logit_plan.prompt, logits[n:])
+            except Exception as exc:  # only the sequences that asked for them fail
+                for seq in {id(s): s for s, _ in logit_plan.prompt}.values():
+                    self._fail(seq, exc)
+        for seq in logit_plan.finish_empty:
+            self.post.finish(seq, seq.members, FinishReason.LENGTH, "", None, finished)
+            self._release(seq, SequenceStatus.FINISHED)
+        if not n:
+            return finished
+        self.num_forward_rows += n
+        for seq, toks, lps in self._sample(logits[:n], logit_plan.samples):
+            if seq.status != SequenceStatus.RUNNING:
+                continue
+            try:
+                self.post.append(seq, toks, lps, finished)
+            except Exception as exc:  # this row's bookkeeping: its requests fail, no one else
+                self._fail(seq, exc)
         return finished
 
-    def _split(self, seq: Sequence, toks: list[int]) -> list[tuple[Sequence, int]]:
-        """Group members by drawn token; the first group keeps ``seq``, others fork it."""
-        first = toks[0]
-        if all(t == first for t in toks):
-            return [(seq, first)]
-        groups: dict[int, list[Member]] = {}
-        for member, tok in zip(seq.members, toks, strict=True):
-            groups.setdefault(tok, []).append(member)
-        out = []
-        for i, (tok, members) in enumerate(groups.items()):
-            if i == 0:
-                seq.members = members
-                out.append((seq, tok))
-                continue
-            self._next_seq_id += 1
-            child = seq.fork(self._next_seq_id, members)
-            self.block_manager.fork(seq, child)
-            self.scheduler.add_running(child)
-            self.num_forks += 1
-            out.append((child, tok))
-        return out
-
-    def _check_stop(self, seq: Sequence, tok: int, finished: list[GenerateResult]) -> None:
-        params, syn = seq.params, self.config.synthetic
-        reason: FinishReason | None = None
-        drop_last = False
-        if syn is None and (tok in self.eos_ids or tok in params.stop_token_ids):
-            reason, drop_last = FinishReason.STOP, True
-        elif syn is None and params.stop:
-            piece = decode_incremental(self.tokenizer, seq.output_ids, seq.detok)
-            idx = find_stop(seq.detok.text, len(piece), params.stop) if piece else -1
-            if idx != -1:
-                seq.stop_text, reason = seq.detok.text[:idx], FinishReason.STOP
-        if reason is None and (
-            seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_len
-        ):
-            reason = FinishReason.LENGTH
-        if reason is None and syn is not None:
-            done = [m for m in seq.members if m.target_len <= seq.num_output_tokens]
-            if done and len(done) < len(seq.members):
-                self._finish(seq, done, FinishReason.STOP, False, finished)
-                seq.members = [m for m in seq.members if m.target_len > seq.num_output_tokens]
-                return
-            reason = FinishReason.STOP if done else None
-        if reason is not None:
-            self._finish(seq, seq.members, reason, drop_last, finished)
-            self._release(seq, SequenceStatus.FINISHED)
-
-    def _finish(
-        self,
-        seq: Sequence,
-        members: list[Member],
-        reason: FinishReason,
-        drop_last: bool,
-        finished: list[GenerateResult],
-    ) -> None:
-        out = seq.output_ids
-        if seq.stop_text is not None:
-            text = seq.stop_text
-        else:
-            text = self.tokenizer.decode(out[:-1] if drop_last else out, skip_special_tokens=True)
-        for member in members:
-            if finish_member(member, text, out, reason):
-                finished.append(self.requests.pop(member.request.request_id).result())
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[Any, ...]]:
+        """One draw for the whole batch; if that raises, row by row (the rows that still
+        raise fail their requests)."""
+        try:
+            tokens, logprobs = self.sampler.sample(logits, seqs)
+            return list(zip(seqs, tokens, logprobs, strict=True))
+        except Exception:
+            out = []
+            for i, seq in enumerate(seqs):
+                try:
+                    (toks,), (lps,) = self.sampler.sample(logits[i : i + 1].clone(), [seq])
+                    out.append((seq, toks, lps))
+                except Exception as exc:
+                    self._fail(seq, exc)
+            return out
 
     # -- counters ---------------------------------------------------------------------------
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.post.num_generated_tokens
+
+    @property
+    def num_forks(self) -> int:
+        return self.post.num_forks
+
+    def reset_counters(self) -> None:
+        """Zero every counter (after start-up calibration: its steps are not the caller's)."""
+        for name in _COUNTERS:
+            setattr(self, name, type(getattr(self, name))(0))
+        self.post.num_generated_tokens = self.post.num_forks = 0
+        self.intake.num_requests = self.intake.num_merged_requests = 0
+        self.intake.num_prompt_tokens = 0
+        self.block_manager.num_prefix_hit_blocks = self.block_manager.num_cow_copies = 0
+        self.scheduler.num_preemptions = 0
+
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
         out = {name: float(getattr(self, name)) for name in _COUNTERS}
         out.update(
+            num_requests=float(self.intake.num_requests),
+            num_merged_requests=float(self.intake.num_merged_requests),
+            num_prompt_tokens=float(self.intake.num_prompt_tokens),
+            num_generated_tokens=float(self.num_generated_tokens),
+            num_forks=float(self.num_forks),
             peak_kv_blocks=float(self.peak_kv_blocks_used),
             num_total_blocks=float(bm.num_total_blocks),
             num_free_blocks=float(bm.num_free_blocks),

@@ -11,7 +11,7 @@ import torch
 
 from spec_tot.errors import ConfigError
 
-from .model import DecoderModel, ModelArgs, rope_inv_freq
+from .model import DecoderModel, ModelArgs, rope_inv_freq, rope_tables
 
 __all__ = [
     "LoadedModel",
@@ -46,11 +46,8 @@ def _build(config: Any, device: str, dtype: torch.dtype) -> DecoderModel:
     with torch.device("meta"):
         model = DecoderModel(args, inv_freq.to("meta"), scaling)
     model = model.to_empty(device=device).to(dtype)
-    positions = torch.arange(args.max_position_embeddings, dtype=torch.int64).float()
-    freqs = positions[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    model.rope_cos = (emb.cos() * scaling).to(device)
-    model.rope_sin = (emb.sin() * scaling).to(device)
+    cos, sin = rope_tables(inv_freq, args.max_position_embeddings, scaling)
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name:

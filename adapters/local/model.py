@@ -1,12 +1,12 @@
-"""Llama / Qwen2 decoder in plain torch, attending over a paged KV cache.
+"""Llama / Qwen2 decoder in plain torch over a paged KV cache, on a packed step.
 
-One code path serves prefill and decode: the step's tokens form a padded ``[B, Q]`` batch
-(``Q == 1`` in decode). Each layer first scatters the new K/V into the pool through
-``slot_mapping``, then gathers every sequence's whole context through ``gather_index`` (the
-block tables expanded to slots) and runs SDPA with a position mask. Everything that depends
-only on the step (slots, mask, RoPE rows) is built once per step in ``StepInputs``, not per
-layer. Padding slots point at a scratch block past the pool, so writes need no selection.
-q/k/v and gate/up are fused at load time: fewer kernel launches per layer.
+A step's tokens, from every row (decode rows and prefill chunks alike), are one flat list
+``[T]``: every linear layer runs once on ``[T, hidden]`` with no padding. Each layer writes
+the new K/V into the pool through ``slot_mapping`` and then attends (``attention.py``):
+decode rows read the pool in place, prefill chunks through a gather of their context.
+Everything that depends only on the step (slots, masks, sparsity pattern, RoPE rows) is
+built once per step in ``StepInputs``, not per layer. q/k/v and gate/up are fused at load
+time: fewer kernel launches per layer.
 """
 
 from __future__ import annotations
@@ -19,7 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DecoderModel", "KVCache", "ModelArgs", "StepInputs", "rope_inv_freq"]
+from .attention import DenseMeta, SparseMeta, dense_attention, sparse_attention
+
+__all__ = [
+    "DecoderModel",
+    "KVCache",
+    "ModelArgs",
+    "StepInputs",
+    "rope_inv_freq",
+    "rope_tables",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,27 +120,39 @@ class KVCache:
 
 @dataclass(slots=True)
 class StepInputs:
-    """Per-step tensors shared by every layer."""
+    """Per-step tensors shared by every layer. Tokens ``0..sparse rows-1`` are decode rows on
+    the sparse path; each ``DenseMeta`` covers a contiguous range of the remaining tokens."""
 
-    input_ids: torch.Tensor  # [B, Q]
-    slot_mapping: torch.Tensor | None  # [B*Q] flat pool slots (None: no cache, dense mode)
-    gather_index: torch.Tensor | None  # [B, L] flat pool slots of each context
-    mask: torch.Tensor  # [B, 1, Q, L]: additive 0/-inf (engine) or bool True=attend (PRM)
-    cos: torch.Tensor  # [B, Q, 1, D]
+    input_ids: torch.Tensor  # [T]
+    slot_mapping: torch.Tensor  # [T] flat pool slots the new K/V go to
+    cos: torch.Tensor  # [T, 1, D]
     sin: torch.Tensor
-    last_index: torch.Tensor  # [B] position in Q of the token whose logits are wanted
+    sparse: SparseMeta | None = None
+    dense: tuple[DenseMeta, ...] = ()
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As transformers computes it (in float32), without the casts when already float32."""
+    if x.dtype == torch.float32:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rope_tables(
+    inv_freq: torch.Tensor, max_positions: int, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and the signed ``sin`` tables ``[max_positions, head_dim]``: with them RoPE is
+    ``x * cos + x.roll(D/2) * sin`` (``roll`` swaps the halves; the sign of the first half is
+    in the table), bit for bit transformers' ``x * cos + rotate_half(x) * sin``."""
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin() * scaling
+    half = sin.shape[-1] // 2
+    return emb.cos() * scaling, torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
 
 
 class DecoderLayer(nn.Module):
@@ -148,67 +169,50 @@ class DecoderLayer(nn.Module):
             nn.Parameter(torch.zeros(q_size + 2 * kv_size)) if args.attention_bias else None
         )
         self.o_proj = nn.Parameter(torch.empty(h, q_size))
-        self._buffers_kv: list[torch.Tensor] = []
         self.gate_up = nn.Parameter(torch.empty(2 * args.intermediate_size, h))
         self.down = nn.Parameter(torch.empty(h, args.intermediate_size))
-
-    def _gather_buffer(self, which: int, rows: int, like: torch.Tensor) -> torch.Tensor:
-        """A reusable ``[rows, kv_heads, head_dim]`` buffer (grown on demand)."""
-        while len(self._buffers_kv) <= which:
-            self._buffers_kv.append(like.new_empty((0, *like.shape[1:])))
-        buffer = self._buffers_kv[which]
-        if buffer.shape[0] < rows or buffer.dtype != like.dtype or buffer.device != like.device:
-            buffer = like.new_empty((max(rows, 2 * buffer.shape[0]), *like.shape[1:]))
-            self._buffers_kv[which] = buffer
-        return buffer[:rows]
+        # plain attributes: read per layer per step, cheaper than through ``args``
+        self.scale = args.head_dim**-0.5
+        self.eps = args.rms_norm_eps
+        self.heads, self.kv_heads, self.dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.gqa = args.num_heads != args.num_kv_heads
 
     def forward(
-        self,
-        x: torch.Tensor,
-        step: StepInputs,
-        k_pool: torch.Tensor | None,
-        v_pool: torch.Tensor | None,
+        self, x: torch.Tensor, step: StepInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
     ) -> torch.Tensor:
-        a = self.args
-        b, q_len, _ = x.shape
-        h = _rms_norm(x, self.input_norm, a.rms_norm_eps)
+        tokens, dim, heads, kv_heads = x.shape[0], self.dim, self.heads, self.kv_heads
+        qk_size = self.q_size + self.kv_size
+        h = _rms_norm(x, self.input_norm, self.eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
-        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(b, q_len, a.num_heads, a.head_dim)
-        k = k.view(b, q_len, a.num_kv_heads, a.head_dim)
-        v = v.view(b, q_len, a.num_kv_heads, a.head_dim)
-        q = q * step.cos + _rotate_half(q) * step.sin
-        k = k * step.cos + _rotate_half(k) * step.sin
-        if k_pool is not None and v_pool is not None and step.slot_mapping is not None:
-            assert step.gather_index is not None  # internal invariant: set with slot_mapping
-            k_flat = k_pool.view(-1, a.num_kv_heads, a.head_dim)
-            v_flat = v_pool.view(-1, a.num_kv_heads, a.head_dim)
-            k_flat.index_copy_(0, step.slot_mapping, k.reshape(-1, a.num_kv_heads, a.head_dim))
-            v_flat.index_copy_(0, step.slot_mapping, v.reshape(-1, a.num_kv_heads, a.head_dim))
-            # index_select on the flat pool: ~6x faster than advanced indexing on CPU. Into
-            # buffers kept across steps: a fresh multi-MB tensor per layer and step costs
-            # page faults (the allocator hands large blocks back to the OS).
-            flat_index = step.gather_index.reshape(-1)
-            rows = flat_index.numel()
-            k = torch.index_select(k_flat, 0, flat_index, out=self._gather_buffer(0, rows, k_flat))
-            v = torch.index_select(v_flat, 0, flat_index, out=self._gather_buffer(1, rows, v_flat))
-            k = k.view(b, -1, a.num_kv_heads, a.head_dim)
-            v = v.view(b, -1, a.num_kv_heads, a.head_dim)
-        attn = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_mask=step.mask,
-            enable_gqa=a.num_heads != a.num_kv_heads,
-        )
-        x = x + F.linear(attn.transpose(1, 2).reshape(b, q_len, self.q_size), self.o_proj)
-        h = _rms_norm(x, self.post_norm, a.rms_norm_eps)
+        # RoPE on q and k at once: [T, Hq + Hkv, D]
+        qk = qkv[:, :qk_size].view(tokens, -1, dim)
+        qk = qk * step.cos + qk.roll(dim // 2, -1) * step.sin
+        q, k = qk[:, :heads], qk[:, heads:]
+        v = qkv[:, qk_size:].view(tokens, kv_heads, dim)
+        k_pool.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, k)
+        v_pool.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
+        sparse = step.sparse
+        if sparse is not None and not step.dense:
+            attn = sparse_attention(q, k_pool, v_pool, sparse, self.scale)
+        else:
+            parts = []
+            if sparse is not None:
+                parts.append(
+                    sparse_attention(q[: sparse.num_rows], k_pool, v_pool, sparse, self.scale)
+                )
+            for meta in step.dense:
+                q_part = q[meta.start : meta.start + meta.num_tokens]
+                parts.append(dense_attention(q_part, k_pool, v_pool, meta, self.gqa))
+            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+        x = x + F.linear(attn.reshape(tokens, self.q_size), self.o_proj)
+        h = _rms_norm(x, self.post_norm, self.eps)
         gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, self.down)
 
 
 class DecoderModel(nn.Module):
-    """The decoder stack plus LM head; ``rope_cos``/``rope_sin`` are ``[max_len, head_dim]``."""
+    """The decoder stack plus LM head; ``rope_cos``/``rope_sin`` (signed, see
+    ``rope_tables``) are ``[max_len, head_dim]``."""
 
     rope_cos: torch.Tensor
     rope_sin: torch.Tensor
@@ -218,15 +222,14 @@ class DecoderModel(nn.Module):
         self.args = args
         self.embed = nn.Parameter(torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
+        self._layers = [self.layer(i) for i in range(args.num_layers)]
         self.norm = nn.Parameter(torch.ones(args.hidden_size))
         self.lm_head = (
             None if args.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         )
-        positions = torch.arange(args.max_position_embeddings, dtype=torch.int64).float()
-        freqs = positions[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("rope_cos", emb.cos() * rope_scaling, persistent=False)
-        self.register_buffer("rope_sin", emb.sin() * rope_scaling, persistent=False)
+        cos, sin = rope_tables(inv_freq, args.max_position_embeddings, rope_scaling)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
 
     def load_hf_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Copy Hugging Face-named tensors in, fusing q/k/v and gate/up."""
@@ -276,22 +279,16 @@ class DecoderModel(nn.Module):
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         dtype = self.embed.dtype
-        cos = self.rope_cos[positions].to(dtype).unsqueeze(2)
-        sin = self.rope_sin[positions].to(dtype).unsqueeze(2)
+        cos = self.rope_cos[positions].to(dtype).unsqueeze(-2)
+        sin = self.rope_sin[positions].to(dtype).unsqueeze(-2)
         return cos, sin
 
-    def forward(self, step: StepInputs, cache: KVCache | None) -> torch.Tensor:
-        """Logits ``[B, vocab]`` (float32) at ``step.last_index`` of each row."""
-        hidden = self.hidden_states(step, cache)
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return self.logits(hidden[rows, step.last_index])
-
-    def hidden_states(self, step: StepInputs, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, step: StepInputs, cache: KVCache) -> torch.Tensor:
+        """Hidden states ``[T, hidden]`` of every token of the step (before the final
+        norm); ``logits`` turns the rows the caller needs into logits."""
         x = F.embedding(step.input_ids, self.embed)
-        for i, layer in enumerate(self.layers):
-            k_pool = cache.k[i] if cache is not None else None
-            v_pool = cache.v[i] if cache is not None else None
-            x = layer(x, step, k_pool, v_pool)
+        for layer, k_pool, v_pool in zip(self._layers, cache.k, cache.v, strict=True):
+            x = layer.forward(x, step, k_pool, v_pool)  # no hooks: skip Module.__call__
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,24 @@
-"""Process-reward scoring with a causal LM (Math-Shepherd style).
+"""Process-reward scoring with a causal LM (Math-Shepherd style), with prefix reuse.
 
 The folder holds a Llama/Qwen2 checkpoint and ``prm.json`` ``{"step_tag", "good_token",
 "bad_token"}``. Text = question + "\\n" + "".join(step + step_tag + "\\n"); the score of step
 i is p(good) / (p(good) + p(bad)) = sigmoid(logit_good - logit_bad) at the token that ends
 the i-th step tag. Tag positions come from character offsets, so a tag inside the question
-or merged into a neighbouring token by the tokenizer is still placed right. One padded,
-cache-free forward pass scores a whole batch; only tag rows reach the LM head.
+or merged into a neighbouring token by the tokenizer is still placed right.
+
+Scoring is an engine client, radix-style: the PRM keeps its own paged KV pool with prefix
+caching (the engine's block manager) and a cache of step scores keyed by the tokens up to
+each tag. Scoring step k of a trace whose first k-1 steps were scored computes only the new
+step's tokens: its earlier scores come from the score cache, the question and earlier steps'
+K/V from the pool. One packed forward covers a whole batch (items sharing a prefix in the
+same batch share its blocks too); only tag rows reach the LM head.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections import OrderedDict
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -18,12 +26,23 @@ from typing import Any
 import torch
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import RewardItem
+from spec_tot.requests import Priority, RewardItem, SamplingParams
 
+from .block_manager import BlockManager
 from .loader import load_model_folder
-from .model import StepInputs
+from .model import KVCache
+from .runner import ModelRunner
+from .sequence import ScheduledRow, Sequence
+from .validate import max_token_chars
 
 __all__ = ["PrmScorer", "build_prm_text"]
+
+_NO_SAMPLING = SamplingParams(temperature=0.0, max_tokens=0)
+# an item still to run: (its index, the ids to run, (tag index, tag position) of each
+# missing score)
+_Todo = tuple[int, list[int], list[tuple[int, int]]]
+_SCORE_CACHE = 1 << 15  # step scores remembered (LRU)
+_PROBE = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
 
 
 def build_prm_text(item: RewardItem, step_tag: str) -> tuple[str, list[int]]:
@@ -45,7 +64,21 @@ def _single_token(tokenizer: Any, token: str, field: str) -> int:
 
 
 class PrmScorer:
-    def __init__(self, path: str | Path, device: str, dtype: torch.dtype) -> None:
+    """Not thread-safe: one thread scores at a time (``LocalBackend`` keeps one for it).
+
+    The KV pool holds ``num_kv_blocks * block_size`` tokens (16k by default); small blocks,
+    because a prefix is reused in whole blocks and a step is a few dozen tokens.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        device: str,
+        dtype: torch.dtype,
+        num_kv_blocks: int = 4096,
+        block_size: int = 4,
+        max_batch_tokens: int = 4096,
+    ) -> None:
         folder = Path(path)
         spec_file = folder / "prm.json"
         if not spec_file.is_file():
@@ -54,62 +87,163 @@ class PrmScorer:
         for key in ("step_tag", "good_token", "bad_token"):
             if not isinstance(spec.get(key), str) or not spec[key]:
                 raise ConfigError(f"prm.json:{key}", "must be a non-empty string")
+        self.folder = folder
         self.loaded = load_model_folder(folder, device, dtype)
+        if self.loaded.tokenizer is None:
+            raise ConfigError("prm_path", f"{folder} has no tokenizer")
         self.tokenizer: Any = self.loaded.tokenizer
         self.device = device
         self.step_tag: str = spec["step_tag"]
         self.good_id = _single_token(self.tokenizer, spec["good_token"], "good_token")
         self.bad_id = _single_token(self.tokenizer, spec["bad_token"], "bad_token")
+        self.tag_ids: list[int] = list(
+            self.tokenizer.encode(self.step_tag, add_special_tokens=False)
+        )
+        model = self.loaded.model
+        self.max_len = min(model.args.max_position_embeddings, num_kv_blocks * block_size)
+        self.max_chars = self.max_len * max_token_chars(self.tokenizer)
+        self.max_batch_tokens = max(max_batch_tokens, self.max_len)
+        self.block_manager = BlockManager(num_kv_blocks, block_size, True)
+        cache = KVCache.allocate(model.args, num_kv_blocks, block_size, device, dtype)
+        self.runner = ModelRunner(model, cache, device)
+        self._scores: OrderedDict[tuple[int, ...], float] = OrderedDict()
+        self._seq_ids = 0
+        self.num_computed_tokens = 0  # tokens run through the model (what scoring cost)
+        probe = build_prm_text(_PROBE, self.step_tag)[0]
+        self.tokens_per_char = len(self.tokenizer.encode(probe)) / len(probe)
 
     def count_tokens(self, item: RewardItem) -> int:
         return len(self.tokenizer.encode(build_prm_text(item, self.step_tag)[0]))
 
-    def _encode(self, items: Seq[RewardItem]) -> tuple[list[list[int]], list[list[int]]]:
-        ids_all, tag_pos_all = [], []
+    def clear_cache(self) -> None:
+        """Forget cached scores (the KV pool's prefix cache stays: it only saves work)."""
+        self._scores.clear()
+
+    # -- encoding ---------------------------------------------------------------------------
+    def _encode(self, text: str, ends: list[int], where: str) -> tuple[list[int], list[int]]:
+        """Token ids of ``text`` and the token covering each character index in ``ends``."""
+        if len(text) > self.max_chars:
+            raise ConfigError(where, f"{len(text)} characters cannot fit in {self.max_len} tokens")
+        enc = self.tokenizer(text, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        if len(ids) > self.max_len:
+            raise ConfigError(where, f"{len(ids)} tokens; the PRM reads at most {self.max_len}")
+        positions, t = [], 0
+        for end in ends:  # token whose span covers the tag's last character
+            while t < len(ids) and not (offsets[t][0] <= end < offsets[t][1]):
+                t += 1
+            if t == len(ids):
+                raise ConfigError("step_tag", f"tag not found in the tokens of {where}")
+            positions.append(t)
+        return ids, positions
+
+    # -- scoring ----------------------------------------------------------------------------
+    def score(self, items: Seq[RewardItem]) -> list[tuple[float, ...]]:
+        """Per item, one score per step (in [0, 1])."""
+        encoded = []
         for item in items:
             text, ends = build_prm_text(item, self.step_tag)
-            enc = self.tokenizer(text, return_offsets_mapping=True)
-            ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
-            positions, t = [], 0
-            for end in ends:  # token whose span covers the tag's last character
-                while t < len(ids) and not (offsets[t][0] <= end < offsets[t][1]):
-                    t += 1
-                if t == len(ids):
-                    raise ConfigError(
-                        "step_tag", f"tag not found in the tokens of {item.request_id!r}"
-                    )
-                positions.append(t)
-            ids_all.append(ids)
-            tag_pos_all.append(positions)
-        return ids_all, tag_pos_all
+            encoded.append(self._encode(text, ends, f"item {item.request_id!r}"))
+        logits = self._tag_logits(encoded)
+        return [tuple(1.0 / (1.0 + math.exp(-x)) for x in row) for row in logits]
 
-    @torch.inference_mode()
-    def score(self, items: Seq[RewardItem]) -> list[tuple[float, ...]]:
-        """One batched forward pass for every item (right padding, causal + key mask)."""
-        if not items:
-            return []
-        ids_all, tag_pos = self._encode(items)
-        model, dev = self.loaded.model, self.device
-        max_len = max(len(ids) for ids in ids_all)
-        input_ids = torch.zeros(len(items), max_len, dtype=torch.int64, device=dev)
-        lengths = torch.tensor([len(ids) for ids in ids_all], device=dev)
-        for row, ids in enumerate(ids_all):
-            input_ids[row, : len(ids)] = torch.tensor(ids, device=dev)
-        positions = torch.arange(max_len, device=dev).expand(len(items), max_len)
-        keys = torch.arange(max_len, device=dev)
-        causal = keys[None, None, :] <= positions[:, :, None]
-        mask = (causal & (keys[None, None, :] < lengths[:, None, None])).unsqueeze(1)
-        cos, sin = model.rope(positions)
-        step = StepInputs(input_ids, None, None, mask, cos, sin, lengths - 1)
-        hidden = model.hidden_states(step, None)
-        rows = torch.tensor([r for r, pos in enumerate(tag_pos) for _ in pos], device=dev)
-        cols = torch.tensor([p for pos in tag_pos for p in pos], device=dev)
-        if rows.numel() == 0:
-            return [() for _ in items]
-        logits = model.logits(hidden[rows, cols])
-        scores = torch.sigmoid(logits[:, self.good_id] - logits[:, self.bad_id]).tolist()
-        out, k = [], 0
-        for pos in tag_pos:
-            out.append(tuple(scores[k : k + len(pos)]))
-            k += len(pos)
+    def classify(self, texts: Seq[str | Seq[int]]) -> list[float]:
+        """The reward of each raw text (SGLang's ``/classify`` of a reward model): the PRM's
+        ``logit(good) - logit(bad)`` after the text's last step (a step tag is appended
+        unless the text already ends with one); ``sigmoid`` of it is the step score. A list
+        of token ids is scored the same way (the tag's ids appended unless it ends with
+        them). A text longer than the model reads is a ``ConfigError`` naming it."""
+        encoded = []
+        for i, text in enumerate(texts):
+            if isinstance(text, str):
+                full = text if text.endswith(self.step_tag) else text + self.step_tag
+                encoded.append(self._encode(full, [len(full) - 1], f"text[{i}]"))
+            elif isinstance(text, list | tuple):
+                ids = self._tagged_ids(text, f"input_ids[{i}]")
+                encoded.append((ids, [len(ids) - 1]))
+            else:
+                raise ConfigError(f"text[{i}]", f"must be a string, got {type(text).__name__}")
+        return [row[-1] for row in self._tag_logits(encoded)]
+
+    def _tagged_ids(self, ids: Seq[int], where: str) -> list[int]:
+        vocab = int(self.loaded.args.vocab_size)
+        if not ids:
+            raise ConfigError(where, "is empty")
+        for j, tok in enumerate(ids):
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab:
+                raise ConfigError(f"{where}[{j}]", f"{tok!r} is not a token id in [0, {vocab})")
+        row = list(ids)
+        if row[-len(self.tag_ids) :] != self.tag_ids:
+            row += self.tag_ids
+        if len(row) > self.max_len:
+            raise ConfigError(where, f"{len(row)} tokens; the PRM reads at most {self.max_len}")
+        return row
+
+    def _tag_logits(self, encoded: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        """``logit(good) - logit(bad)`` at every tag position, from the cache where known."""
+        out: list[list[float]] = []
+        todo: list[_Todo] = []
+        for i, (ids, tags) in enumerate(encoded):
+            row = []
+            missing: list[tuple[int, int]] = []
+            for j, tag in enumerate(tags):
+                value = self._cached(ids, tag)
+                row.append(math.nan if value is None else value)
+                if value is None:
+                    missing.append((j, tag))
+            out.append(row)
+            if missing:
+                todo.append((i, ids[: missing[-1][1] + 1], missing))
+        while todo:
+            todo = self._run_wave(todo, out)
         return out
+
+    def _cached(self, ids: list[int], tag: int) -> float | None:
+        key = tuple(ids[: tag + 1])
+        value = self._scores.get(key)
+        if value is not None:
+            self._scores.move_to_end(key)
+        return value
+
+    def _run_wave(self, todo: list[_Todo], out: list[list[float]]) -> list[_Todo]:
+        """One forward over as many items as the pool and the token budget hold; returns the
+        items left for the next wave."""
+        bm = self.block_manager
+        rows: list[ScheduledRow] = []
+        budget = self.max_batch_tokens
+        for _, ids, missing in todo:
+            self._seq_ids += 1
+            seq = Sequence(self._seq_ids, ids, len(ids), _NO_SAMPLING, Priority.COMMITTED, 0, [])
+            first = missing[0][1]  # hidden states are needed from the first missing tag on
+            if rows and (not bm.can_allocate(seq, first) or budget < len(ids)):
+                break
+            bm.allocate(seq, first)
+            bm.publish(seq, len(ids))  # rows of this forward may share these blocks
+            start = seq.num_computed_tokens
+            rows.append(ScheduledRow(seq, start, len(ids) - start))
+            budget -= rows[-1].num_tokens
+        taken = todo[: len(rows)]
+        tokens: list[int] = []
+        offset = 0
+        for row, (_, _, missing) in zip(rows, taken, strict=True):
+            tokens.extend(offset + tag - row.start for _, tag in missing)
+            offset += row.num_tokens
+        try:
+            logits = self.runner.run(rows, 0, tokens, [])
+        except BaseException:
+            for row in rows:
+                bm.forget(row.seq, row.start)
+            raise
+        finally:
+            for row in rows:
+                bm.deallocate(row.seq)
+        self.num_computed_tokens += offset
+        diffs = iter((logits[:, self.good_id] - logits[:, self.bad_id]).tolist())
+        for item, ids, missing in taken:
+            for j, tag in missing:
+                value = next(diffs)
+                out[item][j] = value
+                self._scores[tuple(ids[: tag + 1])] = value
+        while len(self._scores) > _SCORE_CACHE:
+            self._scores.popitem(last=False)
+        return todo[len(rows) :]

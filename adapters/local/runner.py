@@ -1,106 +1,245 @@
-"""Turns a scheduled batch into model inputs and runs one forward pass.
+"""Turns a step plan into packed model inputs and runs one forward pass.
 
-Per step, block tables become one ``[B, L]`` slot index (``gather_index``); the write slots
-are read out of it at the step's positions, and the mask is a single comparison. Nothing
-here loops over layers, and the per-sequence Python work is building a few small lists.
+Tokens are packed row after row, decode rows first. Block tables become slot indices once
+per step (one small tensor build per group of rows); nothing here loops over layers, and the
+per-row Python work is reading a few ints and slicing a few lists.
 """
 
 from __future__ import annotations
 
-import time
+import warnings
+from collections.abc import Sequence as Seq
 
 import torch
 
+from .attention import DenseMeta, SparseMeta
 from .model import DecoderModel, KVCache, StepInputs
-from .sequence import Sequence
+from .sequence import ScheduledRow
 
-__all__ = ["ModelRunner"]
+__all__ = ["ATTENTION_MODES", "ModelRunner"]
+
+ATTENTION_MODES = ("auto", "sparse", "gather")
+# Prompt chunks of at most this many tokens join the decode rows on the sparse path.
+SPARSE_CHUNK_TOKENS = 32
+# A ragged pattern (no padding entries) when padding would be more than 15% of the work and
+# more entries than its few extra ops per layer cost.
+RAGGED_BELOW = 0.85
+RAGGED_MIN_WASTE = 8192
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderModel, cache: KVCache, device: str) -> None:
+    """``attention``: ``"sparse"`` reads the pool in place for decode rows (CPU default),
+    ``"gather"`` gathers every context and runs SDPA (CUDA default: fused kernels)."""
+
+    def __init__(
+        self, model: DecoderModel, cache: KVCache, device: str, attention: str = "auto"
+    ) -> None:
         self.model = model
         self.cache = cache
         self.device = device
         self.block_size = cache.block_size
         self._scratch = cache.scratch_block
         self._slot_offsets = torch.arange(self.block_size, device=device)
-        self._arange_cache = torch.arange(model.args.max_position_embeddings + 1, device=device)
+        self._arange = torch.arange(model.args.max_position_embeddings + 1, device=device)
+        args = model.args
+        self._heads, self._kv_heads = args.num_heads, args.num_kv_heads
+        group = args.num_heads // args.num_kv_heads
+        self._head_map = torch.arange(args.num_heads, device=device) // group
+        self._dtype = model.embed.dtype
+        if attention == "auto":
+            attention = "sparse" if device == "cpu" and self._dtype == torch.float32 else "gather"
+        self.attention = attention
+        self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
+        self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
+        self._arange_long = torch.arange(0, device=device)  # grown on demand
+        with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
+            warnings.simplefilter("ignore")
+            empty = torch.zeros(1, dtype=torch.int64, device=device)
+            torch.sparse_csr_tensor(empty, empty[:0], empty[:0].float(), size=(0, 1))
 
-    def additive_mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        """``[B, Q, L]`` bool -> ``[B, 1, Q, L]`` 0/-inf in the model dtype (SDPA adds it;
-        a bool mask would be converted again in every layer)."""
-        zeros = torch.zeros(allowed.shape, dtype=self.model.embed.dtype, device=self.device)
-        return zeros.masked_fill_(~allowed, float("-inf")).unsqueeze(1)
+    def _tensor(self, data: Seq[object]) -> torch.Tensor:
+        return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    def _tensor(self, rows: list[list[int]]) -> torch.Tensor:
-        return torch.tensor(rows, dtype=torch.int64, device=self.device)
-
-    def prepare(self, seqs: list[Sequence], is_prefill: bool) -> StepInputs:
+    def _gather_index(self, rows: Seq[ScheduledRow], width: int) -> torch.Tensor:
+        """``[rows, width]`` flat pool slots of positions ``0..width-1`` of each row (past a
+        row's table: the scratch block)."""
         bs = self.block_size
-        max_len = max(len(s) for s in seqs)
-        num_table = -(-max_len // bs)
-        tables = [s.block_table + [self._scratch] * (num_table - len(s.block_table)) for s in seqs]
-        table = self._tensor(tables)
-        gather_index = (table[:, :, None] * bs + self._slot_offsets).view(len(seqs), -1)
-        gather_index = gather_index[:, :max_len].contiguous()
-        if is_prefill:
-            q_len = max(len(s) - s.num_computed_tokens for s in seqs)
-            ids, pos, last = [], [], []
-            for s in seqs:
-                start = s.num_computed_tokens
-                pad = q_len - (len(s) - start)
-                ids.append(s.token_ids[start:] + [0] * pad)
-                pos.append(list(range(start, len(s))) + [0] * pad)
-                last.append(len(s) - start - 1)
-            input_ids, positions = self._tensor(ids), self._tensor(pos)
-            slots = gather_index.gather(1, positions)
-            valid = self._arange_cache[:q_len][None, :] <= self._tensor([last]).T
-            slots = torch.where(valid, slots, self._scratch * bs)
-            last_index = self._tensor([last])[0]
+        blocks = -(-width // bs)
+        tables = []
+        for row in rows:
+            table = row.seq.block_table[:blocks]
+            tables.append(table + [self._scratch] * (blocks - len(table)))
+        table_t = self._tensor(tables)
+        index = (table_t[:, :, None] * bs + self._slot_offsets).view(len(rows), -1)
+        return index[:, :width]
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        zeros = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device)
+        return zeros.masked_fill_(~allowed, float("-inf"))
+
+    def _sparse_meta(
+        self, rows: Seq[ScheduledRow]
+    ) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
+        """Meta of rows whose tokens attend through the sparse path (one pattern row per
+        token and head: a token at position p sees slots 0..p), their write slots and
+        positions."""
+        heads = self._heads
+        width = max(row.end for row in rows)
+        index = self._gather_index(rows, width)
+        if all(row.num_tokens == 1 for row in rows):
+            positions = self._tensor([row.start for row in rows])
+        else:  # short prompt chunks: each token a row of its own
+            counts = self._tensor([row.num_tokens for row in rows])
+            row_of = torch.repeat_interleave(self._arange[: len(rows)], counts)
+            first = torch.cumsum(counts, 0) - counts
+            starts = self._tensor([row.start for row in rows])
+            positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
+            positions -= first[row_of]
+            index = index[row_of]
+        n = positions.numel()
+        slots = index.gather(1, positions[:, None]).squeeze(1)
+        cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).view(-1)
+        allowed = self._arange[:width][None, :] <= positions[:, None]
+        flat = mask = None
+        # entries a ragged pattern holds (per head): sum of p + 1 over every token
+        used = sum(r.num_tokens * r.start + r.num_tokens * (r.num_tokens + 1) // 2 for r in rows)
+        waste = n * width - used
+        if waste > (1 - RAGGED_BELOW) * n * width and waste * heads > RAGGED_MIN_WASTE:
+            lengths = (positions + 1).repeat_interleave(heads)
+            crow = torch.zeros(n * heads + 1, dtype=torch.int64, device=self.device)
+            torch.cumsum(lengths, 0, out=crow[1:])
+            keep = allowed[:, None, :].expand(n, heads, width).reshape(-1)
+            flat = keep.nonzero().squeeze(1)
+            cols = cols.index_select(0, flat)
         else:
-            input_ids = self._tensor([[s.token_ids[-1]] for s in seqs])
-            positions = self._tensor([[len(s) - 1] for s in seqs])
-            slots = gather_index.gather(1, positions)
-            last_index = torch.zeros(len(seqs), dtype=torch.int64, device=self.device)
-        mask = self.additive_mask(
-            self._arange_cache[:max_len][None, None, :] <= positions[:, :, None]
+            if self._arange_long.numel() <= n * heads:
+                self._arange_long = torch.arange(2 * n * heads + 1, device=self.device)
+            crow = self._arange_long[: n * heads + 1] * width
+            mask = torch.where(allowed, 0.0, float("-inf")).to(self._dtype)[:, None, :]
+        nnz = cols.numel()
+        if self._zeros.numel() < nnz:
+            self._zeros = torch.zeros(2 * nnz, dtype=self._dtype, device=self.device)
+        pattern = torch.sparse_csr_tensor(
+            crow,
+            cols,
+            self._zeros[:nnz],
+            size=(n * heads, self._pool_rows),
+            check_invariants=False,
         )
+        return SparseMeta(pattern, crow, cols, mask, width, n, flat), slots, positions
+
+    def _dense_meta(
+        self, rows: Seq[ScheduledRow], first_token: int
+    ) -> tuple[DenseMeta, torch.Tensor, torch.Tensor]:
+        """Meta for a group of rows, their write slots and positions (packed order)."""
+        n_rows = len(rows)
+        q_lens = [row.num_tokens for row in rows]
+        q_max, total = max(q_lens), sum(q_lens)
+        width = max(row.end for row in rows)
+        index = self._gather_index(rows, width)
+        starts = self._tensor([row.start for row in rows])
+        offsets = self._arange[:q_max]
+        positions_pad = starts[:, None] + offsets[None, :]  # [rows, q_max]
+        if all(q == q_max for q in q_lens):
+            valid = None
+            positions = positions_pad.reshape(-1)
+            slots = index.gather(1, positions_pad).reshape(-1)
+        else:
+            valid = offsets[None, :] < self._tensor(q_lens)[:, None]
+            positions = positions_pad[valid]
+            slots = index.gather(1, positions_pad.clamp(max=width - 1))[valid]
+        if n_rows == 1 and (rows[0].start == 0 or q_max == 1):
+            mask = None  # plain causal from slot 0 (or one query seeing its whole context)
+        else:
+            allowed = self._arange[:width][None, None, :] <= positions_pad[:, :, None]
+            mask = self._additive(allowed).unsqueeze(1)
+        meta = DenseMeta(first_token, total, q_max, index, mask)
+        if valid is not None:
+            flat = torch.arange(n_rows * q_max, device=self.device).view(n_rows, q_max)
+            token = torch.cumsum(self._tensor([0, *q_lens[:-1]]), 0)[:, None] + offsets[None, :]
+            meta.q_index = torch.where(valid, token, 0)
+            meta.out_index = flat[valid]
+        return meta, slots, positions
+
+    def _split(
+        self, rows: Seq[ScheduledRow], num_decode: int
+    ) -> tuple[list[ScheduledRow], list[ScheduledRow]]:
+        """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
+        chunk of a few tokens costs less there than a gather and SDPA of its own) and the
+        rest (prompts alone run faster through SDPA)."""
+        if self.attention != "sparse" or not num_decode:
+            return [], list(rows)
+        small = [r for r in rows[num_decode:] if r.num_tokens <= SPARSE_CHUNK_TOKENS]
+        if len(small) == len(rows) - num_decode:
+            return list(rows), []
+        return [*rows[:num_decode], *small], [
+            r for r in rows[num_decode:] if r.num_tokens > SPARSE_CHUNK_TOKENS
+        ]
+
+    def prepare(
+        self, rows: Seq[ScheduledRow], num_decode: int
+    ) -> tuple[StepInputs, torch.Tensor | None]:
+        """The step's inputs, and (when the rows had to be reordered: sparse tokens first)
+        where each token of the plan's packed order went."""
+        sparse_rows, dense_rows = self._split(rows, num_decode)
+        ordered = [*sparse_rows, *dense_rows]
+        perm = None
+        if any(a is not b for a, b in zip(ordered, rows, strict=True)):
+            where = {id(r): i for i, r in enumerate(ordered)}
+            offsets, total = [], 0
+            for row in ordered:
+                offsets.append(total)
+                total += row.num_tokens
+            perm = self._tensor(
+                [offsets[where[id(r)]] + k for r in rows for k in range(r.num_tokens)]
+            )
+        ids: list[int] = []
+        for row in ordered:
+            if row.num_tokens == 1:
+                ids.append(row.seq.token_ids[row.start])
+            else:
+                ids.extend(row.seq.token_ids[row.start : row.end])
+        slot_parts, pos_parts = [], []
+        sparse = None
+        dense: list[DenseMeta] = []
+        if sparse_rows:
+            sparse, slots, pos = self._sparse_meta(sparse_rows)
+            slot_parts.append(slots)
+            pos_parts.append(pos)
+        decode = dense_rows[:num_decode] if not sparse_rows else []
+        groups = [decode, dense_rows[len(decode) :]]
+        first = sparse.num_rows if sparse is not None else 0
+        for group in groups:
+            if group:
+                meta, slots, pos = self._dense_meta(group, first)
+                dense.append(meta)
+                slot_parts.append(slots)
+                pos_parts.append(pos)
+                first += meta.num_tokens
+        slots_t = slot_parts[0] if len(slot_parts) == 1 else torch.cat(slot_parts)
+        positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
         cos, sin = self.model.rope(positions)
-        return StepInputs(input_ids, slots.reshape(-1), gather_index, mask, cos, sin, last_index)
+        return StepInputs(self._tensor(ids), slots_t, cos, sin, sparse, tuple(dense)), perm
 
     @torch.inference_mode()
     def run(
-        self, seqs: list[Sequence], is_prefill: bool, cow: list[tuple[int, int]]
+        self,
+        rows: Seq[ScheduledRow],
+        num_decode: int,
+        logit_tokens: Seq[int],
+        cow: list[tuple[int, int]],
     ) -> torch.Tensor:
-        """Copy-on-write copies first, then the forward; returns ``[B, vocab]`` logits."""
+        """Copy-on-write copies first, then the forward; returns ``[len(logit_tokens),
+        vocab]`` float32 logits of the given packed token indices."""
         self.cache.copy_blocks(cow)
-        logits: torch.Tensor = self.model(self.prepare(seqs, is_prefill), self.cache)
-        return logits
-
-    @torch.inference_mode()
-    def time_decode(self, batch: int, reps: int, context: int = 64) -> float:
-        """Fastest of ``reps`` decode steps of ``batch`` rows over ``context`` tokens, reading
-        and writing only the scratch block (the pool is untouched). The minimum, because
-        other load on the machine only ever adds time."""
-        dev, bs = self.device, self.block_size
-        scratch = self._scratch * bs + torch.arange(context, device=dev) % bs
-        positions = torch.full((batch, 1), context - 1, dtype=torch.int64, device=dev)
-        cos, sin = self.model.rope(positions)
-        step = StepInputs(
-            input_ids=torch.ones(batch, 1, dtype=torch.int64, device=dev),
-            slot_mapping=torch.full((batch,), self._scratch * bs, device=dev),
-            gather_index=scratch.expand(batch, context),
-            mask=torch.zeros(batch, 1, 1, context, dtype=self.model.embed.dtype, device=dev),
-            cos=cos,
-            sin=sin,
-            last_index=torch.zeros(batch, dtype=torch.int64, device=dev),
+        step, perm = self.prepare(rows, num_decode)
+        hidden = self.model(step, self.cache)
+        if perm is not None:
+            hidden = hidden.index_select(0, perm[self._tensor(logit_tokens)])
+            return self.model.logits(hidden)
+        every = len(logit_tokens) == hidden.shape[0] and all(
+            t == i for i, t in enumerate(logit_tokens)
         )
-        times = []
-        for _ in range(reps + 1):  # the first run warms up
-            start = time.perf_counter()
-            self.model(step, self.cache)
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        return min(times[1:])
+        if not every:  # (decode-only steps want every token, in order: no copy)
+            hidden = hidden.index_select(0, self._tensor(logit_tokens))
+        return self.model.logits(hidden)

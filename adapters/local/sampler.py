@@ -1,11 +1,16 @@
 """Sampling: temperature / top-k / top-p, greedy at temperature 0, per-member generators.
 
-Every logical member draws one uniform from its own ``torch.Generator`` per step and takes
-the inverse CDF of its row's distribution at that uniform. So a member's token depends only on
-(its distribution, its generator): identical whether it shares a row with other members (CD)
-or has a row of its own, and whatever else is in the batch. Rows without top-k/top-p use the
-CDF in vocabulary order (no sort); filtered rows use the CDF of the sorted, truncated
-distribution. The choice depends on the row's own parameters only, never on the batch.
+Every logical member takes one uniform per token from its own ``torch.Generator`` (drawn in
+blocks, the same stream as one draw per token) and the inverse CDF of its row's distribution
+at that uniform. So a member's token depends only on (its distribution, its generator):
+identical whether it shares a row with other members (CD) or has a row of its own, and
+whatever else is in the batch. The whole step is one pass: one tensor of uniforms, one
+softmax per group of rows, one ``searchsorted`` for every member. Rows without top-k/top-p
+use the CDF in vocabulary order (no sort); filtered rows use the CDF of the sorted,
+truncated distribution. The choice depends on the row's own parameters only.
+
+Logprobs (when asked) are ``log_softmax(logits / temperature)`` (temperature 1 for greedy)
+after the ``min_tokens`` mask and before top-k/top-p truncation, as SGLang reports them.
 """
 
 from __future__ import annotations
@@ -14,14 +19,11 @@ from collections.abc import Sequence as Seq
 
 import torch
 
-from spec_tot.requests import SamplingParams
+from spec_tot.requests import SamplingParams, TokenLogprob
 
-__all__ = ["Sampler", "draw_uniforms", "filtered_cdf"]
+from .sequence import Sequence
 
-
-def draw_uniforms(generators: Seq[torch.Generator | None]) -> list[float]:
-    """One uniform in [0, 1) per member (greedy members draw nothing)."""
-    return [0.0 if g is None else float(torch.rand(1, generator=g)) for g in generators]
+__all__ = ["Sampler", "filtered_cdf", "token_logprobs"]
 
 
 def filtered_cdf(
@@ -38,52 +40,130 @@ def filtered_cdf(
     return sorted_probs.masked_fill(~keep, 0.0).cumsum(dim=-1), order
 
 
+def _temperature(params: SamplingParams) -> float:
+    return params.temperature if params.temperature > 0 else 1.0
+
+
+def token_logprobs(
+    logits: torch.Tensor, params: Seq[SamplingParams], tokens: Seq[Seq[int]]
+) -> list[dict[int, TokenLogprob]]:
+    """For each row, a ``TokenLogprob`` of each of its ``tokens`` (top-k and given ids as
+    its params ask)."""
+    temps = torch.tensor([_temperature(p) for p in params], device=logits.device)
+    logp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    k = max((p.logprobs or 0) for p in params)
+    top_vals: list[list[float]] = []
+    top_ids: list[list[int]] = []
+    if k:
+        top = logp.topk(min(k, logp.shape[-1]), dim=-1)
+        top_vals, top_ids = top.values.tolist(), top.indices.tolist()
+    width = max(len(p.logprob_token_ids) for p in params)
+    given: list[list[float]] = []
+    if width:
+        ids = [list(p.logprob_token_ids) + [0] * (width - len(p.logprob_token_ids)) for p in params]
+        given = logp.gather(1, torch.tensor(ids, device=logits.device)).tolist()
+    rows = [r for r, toks in enumerate(tokens) for _ in toks]
+    cols = [t for toks in tokens for t in toks]
+    chosen = logp[torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64)]
+    values = chosen.tolist()
+    out: list[dict[int, TokenLogprob]] = []
+    pos = 0
+    for r, (p, toks) in enumerate(zip(params, tokens, strict=True)):
+        kr = p.logprobs or 0
+        top_pairs = tuple(zip(top_ids[r][:kr], top_vals[r][:kr], strict=True)) if kr else ()
+        ids_r = p.logprob_token_ids
+        given_pairs = tuple(zip(ids_r, given[r][: len(ids_r)], strict=True)) if ids_r else ()
+        entries: dict[int, TokenLogprob] = {}
+        for tok in toks:
+            entries[tok] = TokenLogprob(tok, values[pos], top_pairs, given_pairs)
+            pos += 1
+        out.append(entries)
+    return out
+
+
 class Sampler:
-    """``sample(logits, params, members_uniforms)`` -> one token per member, per row."""
+    """``sample(logits, seqs)`` -> one token per member of each row, and (rows that ask
+    for logprobs) a ``TokenLogprob`` per distinct drawn token."""
+
+    def __init__(self, eos_ids: frozenset[int]) -> None:
+        self.eos_ids = tuple(sorted(eos_ids))
+
+    def _mask_min_tokens(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
+        """Before ``min_tokens`` tokens, EOS and stop ids cannot be drawn."""
+        rows: list[int] = []
+        cols: list[int] = []
+        for r, seq in enumerate(seqs):
+            p = seq.params
+            if p.min_tokens and seq.num_output_tokens < p.min_tokens:
+                banned = set(p.stop_token_ids)
+                if not p.ignore_eos:
+                    banned.update(self.eos_ids)
+                rows.extend([r] * len(banned))
+                cols.extend(sorted(banned))
+        if rows:
+            index = (torch.tensor(rows), torch.tensor(cols))
+            logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
 
     def sample(
-        self,
-        logits: torch.Tensor,
-        params: Seq[SamplingParams],
-        uniforms: Seq[Seq[float]],
-    ) -> list[list[int]]:
-        rows = logits.shape[0]
-        out: list[list[int]] = [[] for _ in range(rows)]
+        self, logits: torch.Tensor, seqs: Seq[Sequence]
+    ) -> tuple[list[list[int]], list[dict[int, TokenLogprob] | None]]:
+        self._mask_min_tokens(logits, seqs)
+        params = [s.params for s in seqs]
+        out: list[list[int]] = [[] for _ in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if greedy:
-            tokens = logits[greedy].argmax(dim=-1).tolist()
-            for i, tok in zip(greedy, tokens, strict=True):
-                out[i] = [tok] * len(uniforms[i])
-        plain = [i for i, p in enumerate(params) if not p.greedy and p.top_k == -1 and p.top_p >= 1]
-        filtered = [i for i, p in enumerate(params) if not p.greedy and i not in set(plain)]
+            index = torch.tensor(greedy) if len(greedy) < len(seqs) else None
+            rows = logits if index is None else logits[index]
+            for i, tok in zip(greedy, rows.argmax(dim=-1).tolist(), strict=True):
+                out[i] = [tok] * len(seqs[i].members)
+        plain: list[int] = []
+        filtered: list[int] = []
+        for i, p in enumerate(params):
+            if not p.greedy:
+                (plain if p.top_k == -1 and p.top_p >= 1 else filtered).append(i)
         for group, is_filtered in ((plain, False), (filtered, True)):
-            if not group:
-                continue
-            temps = torch.tensor([params[i].temperature for i in group], device=logits.device)
-            probs = torch.softmax(logits[group] / temps[:, None], dim=-1)
-            order = None
-            if is_filtered:
-                vocab = probs.shape[-1]
-                k = [vocab if params[i].top_k == -1 else params[i].top_k for i in group]
-                top_k = torch.tensor(k, device=logits.device)
-                top_p = torch.tensor([params[i].top_p for i in group], device=logits.device)
-                cdf, order = filtered_cdf(probs, top_k, top_p)
-            else:
-                cdf = probs.cumsum(dim=-1)
-            # one (row, uniform) pair per member, resolved in a single searchsorted
-            member_rows = [r for r, i in enumerate(group) for _ in uniforms[i]]
-            u = [x for i in group for x in uniforms[i]]
-            row_idx = torch.tensor(member_rows, device=logits.device)
-            member_cdf = cdf[row_idx]
-            target = torch.tensor(u, device=logits.device, dtype=cdf.dtype) * member_cdf[:, -1]
-            pick = torch.searchsorted(member_cdf, target[:, None], right=True).squeeze(1)
-            pick = pick.clamp_(max=cdf.shape[-1] - 1)
-            if order is not None:
-                pick = order[row_idx, pick]
-            picked = pick.tolist()
-            pos = 0
-            for i in group:
-                n = len(uniforms[i])
-                out[i] = picked[pos : pos + n]
-                pos += n
-        return out
+            if group:
+                self._draw(logits, seqs, group, is_filtered, out)
+        logprobs: list[dict[int, TokenLogprob] | None] = [None] * len(seqs)
+        wanted = [i for i, p in enumerate(params) if p.wants_logprobs]
+        if wanted:
+            entries = token_logprobs(
+                logits[torch.tensor(wanted)],
+                [params[i] for i in wanted],
+                [sorted(set(out[i])) for i in wanted],
+            )
+            for i, entry in zip(wanted, entries, strict=True):
+                logprobs[i] = entry
+        return out, logprobs
+
+    def _draw(
+        self,
+        logits: torch.Tensor,
+        seqs: Seq[Sequence],
+        group: list[int],
+        is_filtered: bool,
+        out: list[list[int]],
+    ) -> None:
+        dev = logits.device
+        params = [seqs[i].params for i in group]
+        temps = torch.tensor([p.temperature for p in params], device=dev)
+        probs = torch.softmax(logits[torch.tensor(group)] / temps[:, None], dim=-1)
+        order = None
+        if is_filtered:
+            vocab = probs.shape[-1]
+            top_k = torch.tensor([vocab if p.top_k == -1 else p.top_k for p in params], device=dev)
+            top_p = torch.tensor([p.top_p for p in params], device=dev)
+            cdf, order = filtered_cdf(probs, top_k, top_p)
+        else:
+            cdf = probs.cumsum(dim=-1)
+        # every member's uniform, rows padded to the widest: one batched searchsorted, and
+        # no copy of any row's CDF
+        draws = [[m.next_uniform() for m in seqs[i].members] for i in group]
+        width = max(len(d) for d in draws)
+        padded = [d + [0.0] * (width - len(d)) for d in draws]
+        target = torch.tensor(padded, device=dev, dtype=cdf.dtype) * cdf[:, -1:]
+        pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+        if order is not None:
+            pick = order.gather(1, pick)
+        for i, d, row in zip(group, draws, pick.tolist(), strict=True):
+            out[i] = row[: len(d)]

@@ -13,11 +13,29 @@ from enum import Enum
 
 import torch
 
-from spec_tot.requests import Completion, FinishReason, GenerateResult, Priority, SamplingParams
+from spec_tot.requests import (
+    Completion,
+    FinishReason,
+    GenerateResult,
+    Priority,
+    SamplingParams,
+    TokenLogprob,
+)
 
-__all__ = ["DetokState", "Member", "RequestState", "Sequence", "SequenceStatus", "member_seed"]
+__all__ = [
+    "DetokState",
+    "Member",
+    "RequestState",
+    "ScheduledRow",
+    "Sequence",
+    "SequenceStatus",
+    "member_seed",
+]
 
 _MASK63 = (1 << 63) - 1
+# Uniforms drawn per refill of a member's buffer: ``torch.rand(k)`` yields exactly the values
+# of k successive ``torch.rand(1)`` calls, so the stream is the same, at 1/k of the calls.
+_UNIFORM_BLOCK = 32
 
 
 def member_seed(request_seed: int, index: int) -> int:
@@ -43,6 +61,9 @@ class RequestState:
     completions: list[Completion | None]
     cached_prompt_tokens: int = 0
     num_done: int = 0
+    stream: bool = False
+    prompt_logprobs_from: int | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
 
     @property
     def finished(self) -> bool:
@@ -51,7 +72,11 @@ class RequestState:
     def result(self) -> GenerateResult:
         done = tuple(c for c in self.completions if c is not None)
         return GenerateResult(
-            self.request_id, done, len(self.prompt_ids), self.cached_prompt_tokens
+            self.request_id,
+            done,
+            len(self.prompt_ids),
+            self.cached_prompt_tokens,
+            self.prompt_logprobs,
         )
 
 
@@ -63,6 +88,18 @@ class Member:
     index: int
     generator: torch.Generator | None  # None for greedy requests: no draws
     target_len: int = 0  # synthetic workload: stop after this many tokens (0 = off)
+    uniforms: list[float] = field(default_factory=list)
+    cursor: int = 0
+
+    def next_uniform(self) -> float:
+        """The member's next uniform in [0, 1) (its generator's stream, drawn in blocks)."""
+        if self.generator is None:
+            return 0.0
+        if self.cursor == len(self.uniforms):
+            self.uniforms = torch.rand(_UNIFORM_BLOCK, generator=self.generator).tolist()
+            self.cursor = 0
+        self.cursor += 1
+        return self.uniforms[self.cursor - 1]
 
 
 @dataclass(slots=True)
@@ -87,8 +124,17 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the pool
     num_cached_tokens: int = 0  # of those, found by prefix caching at admission
+    num_hashed_blocks: int = 0  # leading full blocks published to the prefix cache
     detok: DetokState = field(default_factory=DetokState)
-    stop_text: str | None = None  # text truncated at a stop string, once found
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
+    # prompt logprobs wanted from this position on (None: not wanted); filled per position
+    prompt_logprobs_from: int | None = None
+    prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
+    streaming: bool = False  # some member's request streams: keep ``detok`` current
+    rank: tuple[int, int] = (0, 0)  # scheduling order: (priority, arrival), set below
+
+    def __post_init__(self) -> None:
+        self.rank = (int(self.priority), self.arrival)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -102,8 +148,13 @@ class Sequence:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
-    def last_token(self) -> int:
-        return self.token_ids[-1]
+    def max_cached_tokens(self) -> int:
+        """Prefix-cache hits must stop here: prompt logprobs need the hidden states of every
+        position from ``prompt_logprobs_from - 1`` on, until they are all computed."""
+        start = self.prompt_logprobs_from
+        if start is None or len(self.prompt_logprobs) >= self.num_prompt_tokens - max(1, start):
+            return len(self.token_ids)
+        return max(0, start - 1)
 
     def fork(self, seq_id: int, members: list[Member]) -> Sequence:
         """A child sharing everything so far (the block table is shared by the caller)."""
@@ -119,14 +170,55 @@ class Sequence:
             block_table=list(self.block_table),
             num_computed_tokens=self.num_computed_tokens,
             num_cached_tokens=self.num_cached_tokens,
+            num_hashed_blocks=self.num_hashed_blocks,
             detok=DetokState(self.detok.text, self.detok.prefix_offset, self.detok.read_offset),
+            logprobs=list(self.logprobs),
+            prompt_logprobs_from=self.prompt_logprobs_from,
+            prompt_logprobs=self.prompt_logprobs,  # complete by now: shared, never written
+            streaming=any(m.request.stream for m in members),
         )
 
 
-def finish_member(member: Member, text: str, token_ids: list[int], reason: FinishReason) -> bool:
+@dataclass(slots=True)
+class ScheduledRow:
+    """Tokens ``start .. start + num_tokens`` of ``seq`` computed in this step."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+    @property
+    def completes(self) -> bool:
+        """This step computes the sequence's last token: the step samples (or finishes) it."""
+        return self.start + self.num_tokens == len(self.seq.token_ids)
+
+
+def finish_member(
+    member: Member,
+    text: str,
+    seq: Sequence,
+    reason: FinishReason,
+    matched: str | int | None = None,
+) -> bool:
     """Record a member's completion; True when its request is now complete."""
     req = member.request
     if req.completions[member.index] is None:
-        req.completions[member.index] = Completion(text, tuple(token_ids), len(token_ids), reason)
+        out = tuple(seq.output_ids)
+        logprobs = tuple(seq.logprobs) if req.params.wants_logprobs else ()
+        req.completions[member.index] = Completion(
+            text, out, len(out), reason, logprobs, matched if reason == FinishReason.STOP else None
+        )
         req.num_done += 1
+        if seq.prompt_logprobs_from is not None and not req.prompt_logprobs:
+            req.prompt_logprobs = prompt_logprob_tuple(seq)
     return req.finished
+
+
+def prompt_logprob_tuple(seq: Sequence) -> tuple[TokenLogprob | None, ...]:
+    """One entry per prompt position from ``prompt_logprobs_from`` on (position 0: None)."""
+    start = seq.prompt_logprobs_from or 0
+    return tuple(seq.prompt_logprobs.get(p) for p in range(start, seq.num_prompt_tokens))

@@ -21,6 +21,8 @@ class PseudoTokenizer:
     the vocabulary, so equal text prefixes give equal id prefixes (prefix caching still
     works)."""
 
+    chars_per_token = 4
+
     def __init__(self, vocab_size: int, reserved: int = 4) -> None:
         self.vocab_size = vocab_size
         self.reserved = reserved
@@ -28,7 +30,8 @@ class PseudoTokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         span = self.vocab_size - self.reserved
-        chunks = [text[i : i + 4] for i in range(0, len(text), 4)]
+        step = self.chars_per_token
+        chunks = [text[i : i + step] for i in range(0, len(text), step)]
         return [self.reserved + zlib.crc32(c.encode()) % span for c in chunks]
 
     def decode(self, ids: Seq[int], skip_special_tokens: bool = True) -> str:

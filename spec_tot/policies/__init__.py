@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any
 
+from spec_tot._private.plugins import declared, load_target
 from spec_tot.errors import ConfigError, UnknownNameError
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
 
 __all__ = [
+    "POLICY_ENTRY_POINTS",
     "POLICY_NAMES",
     "Answer",
     "Candidate",
     "Expansion",
     "SearchPolicy",
     "create_policy",
+    "policy_names",
 ]
 
 # name -> "module:Class"; modules import lazily so a policy's dependencies (scipy for ETS)
@@ -35,26 +37,53 @@ _POLICIES: dict[str, str] = {
 POLICY_NAMES: tuple[str, ...] = tuple(_POLICIES)
 
 
+POLICY_ENTRY_POINTS = "spec_tot.policies"
+
+
+def _plugins() -> dict[str, str]:
+    """Policies that installed distributions declare as entry points (``spec_tot.policies``;
+    value: ``"module:Class"`` or a factory). A plug-in cannot shadow a built-in name."""
+    return declared(POLICY_ENTRY_POINTS, _POLICIES)
+
+
+def policy_names() -> list[str]:
+    """Every policy ``create_policy`` knows: the built-in ones and the plug-ins."""
+    return sorted({*_POLICIES, *_plugins()})
+
+
 def create_policy(name: str, **params: Any) -> SearchPolicy:
-    """A fresh policy instance (policies hold per-query state: make one per query). An
-    unknown parameter or a value of the wrong type is a ``ConfigError`` naming the
-    parameter and the policy."""
-    target = _POLICIES.get(name)
+    """A fresh policy instance (policies hold per-query state: make one per query).
+
+    ``name`` is a built-in policy or one a plug-in declares as an entry point in the group
+    ``spec_tot.policies``; ``compile(search="name")`` and the CLI both come here, so they see
+    the same policies (no module-global state: the entry points are what is installed). An
+    unknown parameter or a value of the wrong type is a ``ConfigError`` naming the parameter
+    and the policy.
+    """
+    target = _POLICIES.get(name) or _plugins().get(name)
     if target is None:
-        raise UnknownNameError("search policy", name, list(_POLICIES))
-    module_name, _, cls_name = target.partition(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    known = [p for p in inspect.signature(cls).parameters if p != "self"]
-    for key in params:
-        if key not in known:
-            raise ConfigError(
-                key, f"unknown parameter of policy {name!r}; known: {', '.join(known)}"
-            )
+        raise UnknownNameError("search policy", name, policy_names())
+    factory = load_target(target)
     try:
-        policy: SearchPolicy = cls(**params)
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C factory: let the call check
+        signature = None
+    if signature is not None and not any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.parameters.values()
+    ):
+        known = [p for p in signature.parameters if p != "self"]
+        for key in params:
+            if key not in known:
+                raise ConfigError(
+                    key, f"unknown parameter of policy {name!r}; known: {', '.join(known)}"
+                )
+    try:
+        policy = factory(**params)
     except ConfigError as exc:
         message = str(exc).split(": ", 1)[-1]
         raise ConfigError(exc.field, f"{message} (policy {name!r})") from exc
     except TypeError as exc:  # a value the policy's own checks did not catch
         raise ConfigError("search_params", f"policy {name!r}: {exc}") from exc
+    if not isinstance(policy, SearchPolicy):
+        raise ConfigError("search", f"{target!r} made {type(policy).__name__}, not a SearchPolicy")
     return policy

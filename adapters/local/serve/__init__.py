@@ -1,0 +1,84 @@
+"""``spec-tot serve``: the embedded engine behind SGLang's native HTTP API and the
+OpenAI-compatible API on one port, so SGLang's own frontend, the openai SDK, LangChain's
+ChatOpenAI and spec-tot's SGLang and OpenAI adapters all run against it.
+
+Native routes (``native.py``; SGLang 0.5.23 ``http_server.py``): ``/generate`` (single or
+batched, n > 1, streaming, POST and PUT), ``/abort_request``, ``/health``,
+``/health_generate``, ``/model_info`` (and ``/get_model_info``), ``/server_info`` (and
+``/get_server_info``, with KV and running/waiting counts), ``/flush_cache``, ``/v1/loads``,
+``/metrics`` and ``/classify`` (the PRM). OpenAI routes (``openai.py``): ``/v1/models``,
+``/v1/completions``, ``/v1/chat/completions``.
+
+Every client error is a 4xx whose message names the field; an unimplemented parameter is a
+400 naming it; with ``api_key`` every route, the health probes included, needs
+``Authorization: Bearer <key>`` (``auth.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from spec_tot.errors import ConfigError
+
+from ..backend import LocalBackend
+from .auth import BearerAuth
+from .context import BodyTooLarge, ServeContext
+from .native import native_routes
+from .openai import openai_routes
+from .outputs import error_body
+from .schema import GenerateBatch, Limits, parse_generate
+
+__all__ = ["GenerateBatch", "Limits", "create_server_app", "parse_generate"]
+
+_log = logging.getLogger("spec_tot.serve")
+
+
+def create_server_app(
+    backend: LocalBackend,
+    *,
+    model_path: str = "",
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+) -> Starlette:
+    """The ASGI app. ``served_model_name`` (default: the model folder's name) is the model id
+    of the OpenAI routes; ``api_key`` turns on Bearer authentication."""
+    if api_key is not None and not api_key:
+        raise ConfigError("api_key", "must be a non-empty string (or None for no key)")
+    name = served_model_name or (Path(model_path).name if model_path else "default")
+    ctx = ServeContext(backend, model_path, name)
+
+    async def http_error(_request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return JSONResponse(
+            error_body(str(exc.detail), None, exc.status_code),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    async def too_large(_request: Request, exc: Exception) -> Response:
+        return JSONResponse(error_body(str(exc), "body", 413), status_code=413)
+
+    async def internal(_request: Request, exc: Exception) -> Response:
+        # A server fault, never an input error (those are 4xx above): say what, keep alive.
+        _log.exception("spec-tot serve: internal error")
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return JSONResponse(error_body(message, None, 500), status_code=500)
+
+    app = Starlette(
+        routes=[*native_routes(ctx), *openai_routes(ctx)],
+        exception_handlers={
+            HTTPException: http_error,
+            BodyTooLarge: too_large,
+            Exception: internal,
+        },
+    )
+    app.state.serve = ctx
+    if api_key is not None:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    return app

@@ -1,0 +1,153 @@
+"""What every route of ``spec-tot serve`` shares: the backend, the live requests, the engine's
+limits, and the model and server descriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from spec_tot.errors import ConfigError
+
+from ..backend import LocalBackend
+from .live import LiveRequests
+from .schema import Limits
+
+__all__ = ["MAX_BODY_BYTES", "BodyTooLarge", "ServeContext", "read_json"]
+
+T = TypeVar("T")
+MAX_BODY_BYTES = 32 << 20
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+async def read_json(request: Request) -> Any:
+    """The body as JSON, read up to ``MAX_BODY_BYTES``; a bad body is a ``ConfigError``."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BodyTooLarge(f"body: over {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise ConfigError("body", "expected a JSON object, got an empty body")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError("body", f"not valid JSON ({exc})") from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (ignoring anything but ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class ServeContext:
+    def __init__(self, backend: LocalBackend, model_path: str, model_name: str) -> None:
+        self.backend = backend
+        self.live = LiveRequests(backend)
+        self.model_path = model_path
+        self.model_name = model_name
+        self.version = "spec-tot-serve (SGLang 0.5.23 native API)"
+        engine = backend.engine
+        if engine is None:
+            self.limits = Limits(vocab_size=0, max_len=0, max_prompt_chars=0)
+        else:
+            self.limits = Limits(
+                vocab_size=int(engine.loaded.args.vocab_size),
+                max_len=int(engine.max_len),
+                # the engine's own bound: its longest token's characters per position
+                max_prompt_chars=int(engine.validator.max_chars),
+            )
+
+    def decode_token(self, token_id: int) -> str:
+        engine = self.backend.engine
+        return str(engine.tokenizer.decode([token_id])) if engine is not None else ""
+
+    # -- running ---------------------------------------------------------------------------
+    async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
+        """Await ``work``; a client that goes away cancels it (and so aborts its samples).
+
+        The body has been read, so the server's next message is ``http.disconnect``: one
+        waiter per request, no polling (a timer per request woke the event loop hundreds of
+        times a second under load, and each wake-up waits for the GIL the engine holds)."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise asyncio.CancelledError
+        finally:
+            for pending in (task, gone):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
+
+    async def flush_prefix_cache(self) -> bool:
+        return await self.backend.flush_prefix_cache()
+
+    # -- descriptions ----------------------------------------------------------------------
+    def load(self) -> dict[str, Any]:
+        """SGLang's ``/v1/loads`` core row (``load_snapshot.py`` ``LoadSnapshot``)."""
+        stats = self.backend.stats()
+        total_blocks = stats.get("num_total_blocks", 0.0)
+        used_blocks = total_blocks - stats.get("num_free_blocks", 0.0)
+        block = self.backend.capabilities.extra.get("block_size", 0.0)
+        caps = self.backend.capabilities
+        return {
+            "dp_rank": 0,
+            "num_running_reqs": int(stats.get("num_running", 0)),
+            "num_waiting_reqs": int(stats.get("num_waiting", 0)),
+            "num_used_tokens": int(used_blocks * block),
+            "max_total_num_tokens": int(total_blocks * block),
+            "max_running_requests": caps.max_running_requests,
+            "token_usage": round(used_blocks / total_blocks, 6) if total_blocks else 0.0,
+            "kv_blocks_total": int(total_blocks),
+            "kv_blocks_used": int(used_blocks),
+            "kv_blocks_free": int(stats.get("num_free_blocks", 0)),
+        }
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.model_name,
+            "tokenizer_path": self.model_path,
+            "is_generation": self.backend.engine is not None,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": None,
+            "architectures": None,
+        }
+
+    def server_info(self) -> dict[str, Any]:
+        caps = self.backend.capabilities
+        load = self.load()
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "served_model_name": self.model_name,
+            "context_length": self.limits.max_len,
+            "max_running_requests": caps.max_running_requests,
+            "max_total_num_tokens": load["max_total_num_tokens"],
+            "max_req_input_len": max(0, self.limits.max_len - 1),
+            "enable_priority_scheduling": True,
+            "schedule_low_priority_values_first": True,
+            "stream_output": False,
+            "is_embedding": self.backend.engine is None,
+            "engine_dedup": caps.engine_dedup,
+            "saturation_batch": caps.saturation_batch,
+            "internal_states": [load],
+            **{k: load[k] for k in ("num_running_reqs", "num_waiting_reqs", "token_usage")},
+            **{k: load[k] for k in ("kv_blocks_total", "kv_blocks_used", "kv_blocks_free")},
+            "version": self.version,
+        }

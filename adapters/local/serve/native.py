@@ -1,0 +1,180 @@
+"""SGLang's native routes on the embedded engine (SGLang 0.5.23
+``srt/entrypoints/http_server.py``): ``/generate`` (POST, PUT), ``/abort_request``,
+``/health``, ``/health_generate``, ``/model_info`` and ``/get_model_info``, ``/server_info`` and
+``/get_server_info``, ``/flush_cache``, ``/v1/loads``, ``/metrics`` and ``/classify``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from spec_tot.errors import ConfigError
+
+from .classify import parse_classify, score_batch
+from .context import BodyTooLarge, ServeContext, read_json
+from .fields import check_known, opt_bool, opt_str
+from .live import run_samples
+from .outputs import error_body, merge_updates, sample_json, sse
+from .schema import parse_generate
+
+__all__ = ["guarded", "native_routes"]
+
+_log = logging.getLogger("spec_tot.serve")
+
+
+def native_routes(ctx: ServeContext) -> list[Route]:
+    backend = ctx.backend
+
+    async def generate(request: Request) -> Response:
+        batch = parse_generate(await read_json(request), ctx.limits)
+        engine_requests = ctx.live.claim(batch)
+        rids = [s.rid for s in batch.samples]
+        if batch.stream:
+            return StreamingResponse(
+                _stream(ctx, batch, engine_requests, rids, request),
+                media_type="text/event-stream",
+            )
+        try:
+            results = await ctx.until_disconnect(request, run_samples(backend, engine_requests))
+        finally:
+            ctx.live.release(batch)
+        decode = ctx.decode_token
+        outs = [
+            sample_json(rid, r.completions[0].text, r.completions[0].token_ids, r,
+                        batch.logprobs, decode)
+            for rid, r in zip(rids, results, strict=True)
+        ]  # fmt: skip
+        return JSONResponse(outs[0] if batch.single else outs)
+
+    async def abort_request(request: Request) -> Response:
+        body = await read_json(request)
+        if not isinstance(body, dict):
+            raise ConfigError("body", "expected a JSON object")
+        check_known(body, {"rid", "abort_all", "abort_message"}, {})
+        rid = opt_str(body, "rid", "rid") or ""
+        if opt_bool(body, "abort_all", "abort_all", False):
+            await ctx.live.abort_all()
+        elif rid:
+            await ctx.live.abort(rid)
+        return Response(status_code=200)  # as SGLang: an rid that is not live is ignored
+
+    async def health(_request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def model_info(_request: Request) -> Response:
+        return JSONResponse(ctx.model_info())
+
+    async def server_info(_request: Request) -> Response:
+        return JSONResponse(ctx.server_info())
+
+    async def flush_cache(_request: Request) -> Response:
+        if await ctx.flush_prefix_cache():
+            return PlainTextResponse("Cache flushed.\n")
+        return PlainTextResponse(
+            "Cache not flushed: requests are running or waiting.\n", status_code=400
+        )
+
+    async def loads(_request: Request) -> Response:
+        return JSONResponse(
+            {
+                "timestamp": time.time(),
+                "version": ctx.version,
+                "loads": [ctx.load()],
+            }
+        )
+
+    async def metrics(_request: Request) -> Response:
+        load = ctx.load()
+        lines = []
+        for name, key in (
+            ("sglang:num_running_reqs", "num_running_reqs"),
+            ("sglang:num_queue_reqs", "num_waiting_reqs"),
+            ("sglang:num_used_tokens", "num_used_tokens"),
+            ("sglang:token_usage", "token_usage"),
+        ):
+            lines += [
+                f"# TYPE {name} gauge",
+                f'{name}{{model_name="{ctx.model_name}"}} {load[key]}',
+            ]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    async def classify(request: Request) -> Response:
+        batch = parse_classify(await read_json(request), backend.prm)
+        rows = await ctx.until_disconnect(request, score_batch(backend, batch))
+        return JSONResponse(rows[0] if batch.single else rows)
+
+    return [
+        Route("/generate", guarded(generate), methods=["POST", "PUT"]),
+        Route("/abort_request", guarded(abort_request), methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
+        Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
+        Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/v1/loads", loads, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/classify", guarded(classify), methods=["POST", "PUT"]),
+    ]
+
+
+def guarded(
+    handler: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A ``ValueError`` from the input (``ConfigError`` names its field) is a 400, a body
+    over the size cap a 413; anything else is a server fault, answered as a JSON 500."""
+
+    async def run(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ClientDisconnect:
+            return Response(status_code=400)  # gone before its body arrived: nobody reads it
+        except BodyTooLarge as exc:
+            return JSONResponse(error_body(str(exc), "body", 413), status_code=413)
+        except ConfigError as exc:
+            return JSONResponse(error_body(str(exc), exc.field), status_code=400)
+        except ValueError as exc:
+            return JSONResponse(error_body(str(exc)), status_code=400)
+        except Exception as exc:
+            _log.exception("spec-tot serve: internal error")
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            return JSONResponse(error_body(message, None, 500), status_code=500)
+
+    return run
+
+
+async def _stream(
+    ctx: ServeContext, batch: Any, requests: list[Any], rids: list[str], request: Request
+) -> AsyncIterator[bytes]:
+    """One cumulative event per update of each sample (``index`` for a batch), then
+    ``[DONE]``; an error mid-stream is one ``{"error": ...}`` event, as SGLang sends."""
+    last: dict[int, int] = {}
+    interval = [s.stream_interval for s in batch.samples]
+    try:
+        async for up in merge_updates(ctx.backend, requests):
+            if up.result is None and len(up.token_ids) - last.get(up.index, 0) < interval[up.index]:
+                continue
+            last[up.index] = len(up.token_ids)
+            out = sample_json(
+                rids[up.index], up.text, up.token_ids, up.result, batch.logprobs, ctx.decode_token
+            )
+            if not batch.single:
+                out["index"] = up.index
+            yield sse(out)
+    except ConfigError as exc:
+        yield sse(error_body(str(exc), exc.field))
+    except ValueError as exc:
+        yield sse(error_body(str(exc)))
+    except asyncio.CancelledError:
+        raise
+    finally:
+        ctx.live.release(batch)
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,155 @@
+"""Response bodies in SGLang 0.5.23's shapes (``tokenizer_manager.py`` ``_handle_batch_output``
+and ``schedule_batch.py`` finish reasons) and per-sample update streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spec_tot.requests import Completion, FinishReason, GenerateRequest, GenerateResult
+
+from ..backend import LocalBackend
+
+__all__ = ["Update", "error_body", "finish_reason", "merge_updates", "sample_json", "sse"]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """The state of one sample so far (cumulative); ``result`` is set on its last update."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    result: GenerateResult | None = None
+
+
+def finish_reason(completion: Completion) -> dict[str, Any]:
+    """``{"type": "stop", "matched": ...}``, ``{"type": "length", "length": n}`` or
+    ``{"type": "abort", "message": ...}``."""
+    if completion.finish_reason is FinishReason.LENGTH:
+        return {"type": "length", "length": completion.num_tokens}
+    if completion.finish_reason is FinishReason.ABORT:
+        return {"type": "abort", "message": "Abort request"}
+    return {"type": "stop", "matched": completion.matched_stop}
+
+
+def sample_json(
+    rid: str,
+    text: str,
+    token_ids: Sequence[int],
+    result: GenerateResult | None,
+    logprobs: Any = None,
+    decode: Any = None,
+) -> dict[str, Any]:
+    completion = result.completions[0] if result is not None else None
+    meta: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish_reason(completion) if completion is not None else None,
+        "prompt_tokens": result.prompt_tokens if result is not None else 0,
+        "completion_tokens": len(token_ids),
+        "cached_tokens": result.cached_prompt_tokens if result is not None else 0,
+        "weight_version": "default",
+    }
+    if logprobs is not None and result is not None:
+        meta.update(logprob_meta(result, logprobs, decode))
+    return {"text": text, "output_ids": list(token_ids), "meta_info": meta}
+
+
+def logprob_meta(result: GenerateResult, opts: Any, decode: Any) -> dict[str, Any]:
+    """SGLang's logprob fields (``tokenizer_manager.py`` ``add_logprob_to_meta_info``): each
+    entry ``[logprob, token_id, text or None]``; top-k and given ids per position."""
+
+    def entry(token: int, logprob: float | None) -> list[Any]:
+        return [logprob, token, decode(token) if opts.text and decode is not None else None]
+
+    def rows(items: Sequence[Any]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"token": [], "top": [], "given": []}
+        for item in items:
+            if item is None:  # the first prompt token has no logprob
+                out["token"].append([None, None, None])
+                out["top"].append(None)
+                out["given"].append(None)
+                continue
+            out["token"].append(entry(item.token_id, item.logprob))
+            out["top"].append([entry(t, lp) for t, lp in item.top])
+            out["given"].append([entry(t, lp) for t, lp in item.given])
+        return out
+
+    completion = result.completions[0]
+    output = rows(completion.logprobs or ())
+    meta: dict[str, Any] = {
+        "output_token_logprobs": output["token"],
+        "output_token_logprobs_length": len(output["token"]),
+    }
+    prompt = rows(result.prompt_logprobs) if opts.prompt_from is not None else None
+    meta["input_token_logprobs"] = prompt["token"] if prompt else []
+    if opts.top > 0:
+        meta["output_top_logprobs"] = output["top"]
+        meta["input_top_logprobs"] = prompt["top"] if prompt else []
+    if opts.given:
+        meta["output_token_ids_logprobs"] = output["given"]
+        meta["input_token_ids_logprobs"] = prompt["given"] if prompt else []
+    return meta
+
+
+def error_body(message: str, field: str | None = None, code: int = 400) -> dict[str, Any]:
+    """The error object SGLang and OpenAI clients read (``error.message``)."""
+    kind = "invalid_request_error" if code < 500 else "internal_error"
+    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+async def _one(
+    backend: LocalBackend, index: int, request: GenerateRequest
+) -> AsyncIterator[Update]:
+    """The engine's per-token updates of one sample (cumulative text and ids)."""
+    prompt_tokens = 0
+    async for up in backend.stream(request):
+        result = None
+        if up.completion is not None:
+            if not prompt_tokens:  # the stream carries no usage: count the prompt once
+                ids = request.prompt_ids
+                prompt_tokens = len(ids) if ids is not None else backend.count_tokens(
+                    request.prompt or "")  # fmt: skip
+            result = GenerateResult(request.request_id, (up.completion,), prompt_tokens)
+            yield Update(index, up.completion.text, up.completion.token_ids, result)
+        else:
+            yield Update(index, up.text, up.token_ids, None)
+
+
+async def merge_updates(
+    backend: LocalBackend, requests: Sequence[GenerateRequest]
+) -> AsyncIterator[Update]:
+    """Updates of every sample as they come (SGLang's ``_stream_batch_responses``)."""
+    queue: asyncio.Queue[Update | BaseException | None] = asyncio.Queue()
+
+    async def pump(index: int, request: GenerateRequest) -> None:
+        try:
+            async for update in _one(backend, index, request):
+                await queue.put(update)
+        except Exception as exc:
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
+    try:
+        left = len(tasks)
+        while left:
+            item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()  # a cancelled sample is aborted in the engine by the backend
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,338 @@
+"""The CLI's option checks: every value is parsed and validated here, before any backend
+starts (loading the shipped models takes seconds; a typo should cost none of them).
+
+``KEY=VALUE`` pairs are typed by a schema: the fields of the backend's config dataclasses and
+the named parameters of its factory (``--backend-opt``), or of the policy's constructor
+(``--param``). A value is coerced to the annotated type (``int``, ``float``, ``bool``, ``str``,
+optionals and tuples of those); anything else is read as JSON, or kept as a bare string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import math
+import socket
+import types
+import typing
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spec_tot._private.programs import Program, load_program
+from spec_tot.backends import BackendRegistry, default_registry
+from spec_tot.config import ExecutorConfig
+from spec_tot.errors import ConfigError, SpecTotError, UnknownNameError
+from spec_tot.policies import create_policy
+
+__all__ = [
+    "BACKEND_OPTION_SCHEMAS",
+    "Plan",
+    "as_option",
+    "backend_registry",
+    "check_bind",
+    "int_list",
+    "mode_list",
+    "parse_backend_options",
+    "parse_pairs",
+    "plan_runs",
+    "program_for",
+]
+
+# Where each built-in backend's options are declared: "module:attr" of its factory and config
+# dataclasses; the keys and types of ``--backend-opt`` come from their signatures. A backend
+# not listed here (a third party's) gets its values as JSON and checks them itself.
+BACKEND_OPTION_SCHEMAS: dict[str, tuple[str, ...]] = {
+    "local": (
+        "spec_tot.adapters.local:create_local",
+        "spec_tot.adapters.local.config:EngineConfig",
+    ),
+    "scripted": ("spec_tot.adapters.scripted:ScriptedConfig",),
+    "sim": ("spec_tot.adapters.sim:create_sim", "spec_tot.adapters.sim:SimConfig"),
+    "sglang": (
+        "spec_tot.adapters.sglang:create_sglang",
+        "spec_tot.adapters.sglang:SGLangConfig",
+        "spec_tot.adapters._http:HttpConfig",
+    ),
+    "openai": (
+        "spec_tot.adapters.openai_compat:create_openai",
+        "spec_tot.adapters.openai_compat:OpenAIConfig",
+        "spec_tot.adapters._http:HttpConfig",
+    ),
+}
+# Set by the factory itself from its own arguments, never by a user's option.
+_NOT_OPTIONS = frozenset({"model", "http"})
+
+
+def backend_registry() -> BackendRegistry:
+    """The backends the CLI knows by name (one place to swap in another registry)."""
+    return default_registry()
+
+
+@contextmanager
+def as_option(option: str) -> Iterator[None]:
+    """Re-raise a bad value's error as a ``ConfigError`` naming the CLI option."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        if exc.field.lstrip("-") == option.lstrip("-"):  # "queries: ..." -> "--queries: ..."
+            text = text.removeprefix(f"{exc.field}: ")
+        raise ConfigError(option, text) from exc
+    except (UnknownNameError, TypeError, ValueError) as exc:
+        raise ConfigError(option, str(exc)) from exc
+
+
+def parse_pairs(pairs: Sequence[str] | None, option: str) -> dict[str, str]:
+    """``KEY=VALUE`` strings as a dict of raw values (typed later, by a schema)."""
+    parsed: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(option, f"expected KEY=VALUE, got {pair!r}")
+        if key in parsed:
+            raise ConfigError(option, f"{key} given twice")
+        parsed[key] = raw
+    return parsed
+
+
+def int_list(text: str, option: str) -> list[int]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) > 0 for t in items):
+        raise ConfigError(option, f"expected positive integers separated by commas, got {text!r}")
+    return [int(t) for t in items]
+
+
+def mode_list(text: str, option: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    if not modes:
+        raise ConfigError(option, f"expected executor modes separated by commas, got {text!r}")
+    return modes
+
+
+# -- typed KEY=VALUE options ----------------------------------------------------------------------
+def _load(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def _schema_of(obj: Any) -> dict[str, Any]:
+    """Option name -> annotation, from a dataclass's fields or a callable's named parameters.
+    An annotation that does not resolve at run time (a TYPE_CHECKING import) counts as Any."""
+    if dataclasses.is_dataclass(obj) and isinstance(obj, type):
+        hints = typing.get_type_hints(obj)
+        return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(obj)}
+    func = getattr(obj, "__init__") if isinstance(obj, type) else obj  # noqa: B009 - mypy
+    scope = vars(importlib.import_module(func.__module__))
+    schema: dict[str, Any] = {}
+    for name, p in inspect.signature(func).parameters.items():
+        if name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        schema[name] = _resolve(p.annotation, scope)
+    return schema
+
+
+def _resolve(annotation: Any, scope: dict[str, Any]) -> Any:
+    if annotation is inspect.Parameter.empty:
+        return Any
+    if not isinstance(annotation, str):
+        return annotation
+    try:
+        return eval(annotation, dict(scope))  # our own modules' annotations
+    except Exception:
+        return Any
+
+
+def backend_schema(backend: str) -> dict[str, Any] | None:
+    targets = BACKEND_OPTION_SCHEMAS.get(backend)
+    if targets is None:
+        return None
+    schema: dict[str, Any] = {}
+    for target in targets:
+        schema.update(_schema_of(_load(target)))
+    return {k: v for k, v in schema.items() if k not in _NOT_OPTIONS}
+
+
+def policy_schema(search: str) -> dict[str, Any]:
+    """The policy's constructor parameters (an instance with defaults tells its class)."""
+    with as_option("--search"):
+        policy = create_policy(search)
+    return _schema_of(type(policy))
+
+
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _coerce(raw: str, annotation: Any) -> Any:
+    """``raw`` as a value of ``annotation``; ValueError says what was expected."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if raw.strip().lower() in ("none", "null"):
+            return None
+        return _coerce(raw, args[0]) if len(args) == 1 else _json(raw)
+    if annotation is bool:
+        value = _BOOLS.get(raw.strip().lower())
+        if value is None:
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return value
+    if annotation is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+    if annotation is float:
+        try:
+            number = float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"expected a finite number, got {raw!r}")
+        return number
+    if annotation is str:
+        return raw
+    if origin is tuple:
+        value = _json(raw)
+        items: list[Any] = value if isinstance(value, list) else [value]
+        item_args = typing.get_args(annotation)
+        item_type = item_args[0] if item_args else Any
+        return tuple(_coerce(_text(v), item_type) for v in items)
+    return _json(raw)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _json(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return raw  # a bare string such as a path
+
+
+def typed_pairs(
+    given: dict[str, Any], schema: dict[str, Any] | None, option: str
+) -> dict[str, Any]:
+    """Values typed by ``schema``; a raw string is parsed, a Python value is checked the same
+    way (through its JSON text)."""
+    raw = {k: v if isinstance(v, str) else json.dumps(v) for k, v in given.items()}
+    if schema is None:
+        return {k: _json(v) for k, v in raw.items()}
+    typed: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in schema:
+            known = ", ".join(sorted(schema))
+            raise ConfigError(f"{option} {key}", f"not a known option; known: {known}")
+        try:
+            typed[key] = _coerce(value, schema[key])
+        except ValueError as exc:
+            raise ConfigError(f"{option} {key}", str(exc)) from None
+    return typed
+
+
+def parse_backend_options(pairs: Sequence[str] | None, backend: str) -> dict[str, Any]:
+    return typed_pairs(
+        parse_pairs(pairs, "--backend-opt"), backend_schema(backend), "--backend-opt"
+    )
+
+
+def program_for(program: str | None, backend: str | None) -> str:
+    """The toy program fits the synthetic backends; real models run Game of 24."""
+    if program is not None:
+        return program
+    return "toy" if backend in ("scripted", "sim") else "game24"
+
+
+# -- the whole plan of a run ----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything a ``run``/``bench`` needs, checked; no backend has started yet."""
+
+    program: Program
+    backend: str
+    search: str
+    search_params: dict[str, Any]
+    backend_options: dict[str, Any]  # the user's, on top of the program's
+    configs: tuple[ExecutorConfig, ...]  # one per mode x concurrency, in run order
+    inputs: list[Any]
+
+    def options_text(self) -> str:
+        """The user's backend options, as given (for error lines)."""
+        pairs = " ".join(f"{k}={_text(v)}" for k, v in self.backend_options.items())
+        return f"--backend-opt {pairs}" if pairs else "the program's default backend options"
+
+
+def plan_runs(
+    *,
+    program: str | None,
+    backend: str | None,
+    search: str | None,
+    modes: Sequence[str],
+    concurrency: Sequence[int],
+    queries: int,
+    seed: int,
+    search_params: dict[str, Any],
+    backend_options: dict[str, Any],
+) -> Plan:
+    """Check every option without starting a backend: program, backend name and options,
+    modes, concurrency, queries, search and its parameters (the graph is compiled against a
+    scripted backend, so the policy validates its parameters now)."""
+    from spec_tot.adapters.scripted import ScriptedBackend
+
+    with as_option("--program"):
+        prog = load_program(program_for(program, backend))
+    backend_name = backend or prog.default_backend
+    with as_option("--backend"):
+        if backend_name not in backend_registry().names():
+            raise UnknownNameError("backend", backend_name, backend_registry().names())
+    search_name = search or prog.default_search
+    if not modes:
+        raise ConfigError("--modes", "give at least one executor mode")
+    configs = []
+    for mode in modes:
+        for conc in concurrency:
+            with as_option("--mode" if len(modes) == 1 else "--modes"):
+                ExecutorConfig(mode=mode)
+            with as_option("--concurrency"):
+                configs.append(ExecutorConfig(mode=mode, seed=seed, max_concurrency=conc))
+    if queries < 1:
+        raise ConfigError("--queries", f"must be >= 1, got {queries}")
+    with as_option("--queries"):
+        inputs = prog.inputs(queries)
+    options = typed_pairs(backend_options, backend_schema(backend_name), "--backend-opt")
+    params = typed_pairs(search_params, policy_schema(search_name), "--param")
+    with as_option("--param"):
+        prog.build(backend=ScriptedBackend(), search=search_name, search_params=params)
+    return Plan(prog, backend_name, search_name, params, options, tuple(configs), inputs)
+
+
+def check_bind(host: str, port: int) -> None:
+    """Fail now, before the engine loads, if ``host:port`` cannot be bound."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError("--host", f"cannot resolve {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise ConfigError("--port", f"cannot bind {host}:{port}: {exc.strerror}") from None
+
+
+def check_json_path(path: Path | None) -> None:
+    if path is not None and not path.parent.is_dir():
+        raise ConfigError("--json", f"folder {str(path.parent)!r} does not exist")
+
+
+def error_line(exc: BaseException) -> str:
+    """One line for any error: a spec-tot error as it reads, anything else with its type."""
+    text = str(exc) if isinstance(exc, SpecTotError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())

@@ -1,0 +1,79 @@
+"""What spec-tot's chat models share: reading messages, cutting at stop words, usage."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from langchain_core.language_models import LangSmithParams
+from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.messages.ai import UsageMetadata
+
+from spec_tot.errors import ConfigError
+
+__all__ = ["cut_at_stop", "last_human_text", "ls_params", "messages_to_text", "usage"]
+
+
+def _text(message: BaseMessage, index: int) -> str:
+    content = message.content
+    if isinstance(content, list) and any(
+        isinstance(b, dict) and b.get("type") not in (None, "text") for b in content
+    ):
+        kinds = sorted({str(b.get("type")) for b in content if isinstance(b, dict)})
+        raise ConfigError(f"messages[{index}]", f"only text content is supported, got {kinds}")
+    return message.text
+
+
+def messages_to_text(messages: Sequence[BaseMessage]) -> str:
+    """The default prompt of a text-completion backend: the messages' texts, one a line."""
+    if not messages:
+        raise ConfigError("messages", "need at least one message")
+    return "\n".join(t for i, m in enumerate(messages) if (t := _text(m, i)))
+
+
+def last_human_text(messages: Sequence[BaseMessage]) -> str:
+    """The question a ToT search answers: the last human message's text."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if isinstance(message, HumanMessage):
+            text = _text(message, index).strip()
+            if not text:
+                raise ConfigError(f"messages[{index}]", "the human message is empty")
+            return text
+    raise ConfigError("messages", "need at least one human message (the question)")
+
+
+def cut_at_stop(text: str, stop: Sequence[str] | None) -> str:
+    """``text`` up to the first stop word it contains."""
+    cut = len(text)
+    for word in stop or ():
+        if word and (at := text.find(word)) >= 0:
+            cut = min(cut, at)
+    return text[:cut]
+
+
+def usage(input_tokens: int, output_tokens: int) -> UsageMetadata:
+    return UsageMetadata(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=input_tokens + output_tokens,
+    )
+
+
+def ls_params(model: Any, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> LangSmithParams:
+    """LangSmith's standard parameters of a spec-tot chat model's call (``kwargs`` override
+    the model's fields, as at call time)."""
+    params = LangSmithParams(
+        ls_provider="spec_tot",
+        ls_model_name=str(kwargs.get("model", model.model_name)),
+        ls_model_type="chat",
+    )
+    temperature = kwargs.get("temperature", model.temperature)
+    if temperature is not None:
+        params["ls_temperature"] = temperature
+    max_tokens = kwargs.get("max_tokens", model.max_tokens)
+    if max_tokens is not None:
+        params["ls_max_tokens"] = max_tokens
+    if stop or model.stop:
+        params["ls_stop"] = list(stop or model.stop or [])
+    return params

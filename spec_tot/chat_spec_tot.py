@@ -1,0 +1,346 @@
+"""``ChatSpecTot``: a LangChain chat model over any spec-tot generation backend.
+
+Put it in a LangGraph node (``prompt | ChatSpecTot(backend=...)``) and run the graph with
+``from_langgraph``: calls made inside a branch carry the branch's identity
+(``spec_tot.branch.current_branch``), so each request gets a hierarchical id under the branch
+(a cancelled speculative branch is aborted on the engine by prefix) and the branch's
+priority (the engine serves committed work first). Outside a branch a call is committed work
+with an id of its own.
+
+The backend is the embedded engine, SGLang, an OpenAI-compatible server, the scripted
+backend, or any registered name (``backend="local"`` plus ``backend_options``). Messages
+become one text prompt (``to_prompt``; default: their texts, one a line; give a chat
+template for instruction-tuned models). ``seed`` makes a prompt's sample reproducible.
+``stream``/``astream`` yield the text token by token when the backend streams (the embedded
+engine: ``stream(request)``), the last chunk carrying ``usage_metadata`` and the finish
+reason; a backend that cannot stream (the scripted one; SGLang and OpenAI-compatible, whose
+adapters expose only ``generate``) answers in one chunk. A failed, aborted or timed-out
+request raises (``BackendError``), so retries and fallbacks work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LangSmithParams
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from spec_tot._private.compiled import stable_seed
+from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
+from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
+from spec_tot.branch import BranchContext, current_branch
+from spec_tot.chat_common import cut_at_stop, ls_params, messages_to_text, usage
+from spec_tot.errors import BackendError, ConfigError
+from spec_tot.executor.hub import hub_for
+from spec_tot.requests import (
+    Completion,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    StreamUpdate,
+)
+
+__all__ = ["ChatSpecTot"]
+
+
+class ChatSpecTot(BaseChatModel):
+    """A chat model whose completions come from a spec-tot ``GenerationBackend``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    backend: Any = Field(description="a GenerationBackend, or a registered backend name")
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    registry: BackendRegistry | None = Field(default=None, exclude=True)
+    model_name: str = Field(default="spec-tot", alias="model")
+    temperature: float = 0.8
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    stop: list[str] | None = None
+    seed: int | None = None
+    timeout: float | None = None
+    max_retries: int = 0
+    to_prompt: Callable[[Sequence[BaseMessage]], str] | None = Field(default=None, exclude=True)
+    _backend: GenerationBackend | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any) -> None:
+        if isinstance(self.backend, GenerationBackend):
+            hub_for(self.backend)  # refuses, now, a backend that cannot hold its budget
+            self._backend = self.backend
+        elif not isinstance(self.backend, str):
+            raise ConfigError(
+                "backend", f"expected a GenerationBackend or a backend name, got {self.backend!r}"
+            )
+        self.sampling()  # validates temperature, top_p, top_k, max_tokens now
+        if self.timeout is not None and not self.timeout > 0:
+            raise ConfigError("timeout", f"must be > 0, got {self.timeout}")
+
+    @property
+    def _llm_type(self) -> str:
+        return "spec-tot-backend"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self.model_name, "backend": self.backend_name}
+
+    @property
+    def backend_name(self) -> str:
+        return (
+            self.backend
+            if isinstance(self.backend, str)
+            else self.generation_backend.capabilities.name
+        )
+
+    @property
+    def generation_backend(self) -> GenerationBackend:
+        """The backend (created from the registry on first use when given by name)."""
+        if self._backend is None:
+            registry = self.registry or default_registry()
+            self._backend = registry.create(str(self.backend), **self.backend_options)
+        return self._backend
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return ls_params(self, stop, kwargs)
+
+    def sampling(self, stop: Sequence[str] | None = None, **kwargs: Any) -> SamplingParams:
+        """The request's sampling: the model's fields, overridden per call by ``kwargs``."""
+        return SamplingParams(
+            temperature=float(kwargs.get("temperature", self.temperature)),
+            top_p=float(kwargs.get("top_p", self.top_p)),
+            top_k=int(kwargs.get("top_k", self.top_k)),
+            max_tokens=int(kwargs.get("max_tokens", self.max_tokens)),
+            stop=tuple(stop if stop is not None else self.stop or ()),
+        )
+
+    # -- one request ----------------------------------------------------------------------
+    def _request(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> tuple[GenerateRequest, BranchContext | None]:
+        prompt = (self.to_prompt or messages_to_text)(messages)
+        sampling = self.sampling(stop, **kwargs)
+        seed = kwargs.get("seed", self.seed)
+        if seed is not None:
+            sampling = dataclasses.replace(sampling, seed=stable_seed(seed, prompt))
+        branch = current_branch.get()
+        n = int(kwargs.get("n", 1))
+        if branch is None:
+            request = GenerateRequest(f"chat-{uuid.uuid4().hex[:16]}", sampling, prompt=prompt, n=n)
+            return request, None
+        request = GenerateRequest(
+            branch.request_id(),
+            sampling,
+            prompt=prompt,
+            n=n,
+            priority=branch.priority,
+            speculative=branch.speculative,
+        )
+        return request, branch
+
+    @contextlib.asynccontextmanager
+    async def _requesting(
+        self,
+        backend: GenerationBackend,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[GenerateRequest]:
+        """The request of one call, while it runs: admitted by the branch's runner (a
+        speculative branch holds budget sequences), abortable with its branch, and counted
+        as the backend's committed load unless speculative."""
+        branch = current_branch.get()
+        admit = branch.admit(backend, int(kwargs.get("n", 1))) if branch is not None else None
+        async with admit or contextlib.nullcontext():
+            # Built once admitted: a branch adopted while waiting sends committed work.
+            request, branch = self._request(messages, stop, kwargs)
+            if branch is not None:
+                prefix = branch.prefix
+                branch.on_cancel(backend, lambda: backend.abort(prefix))
+            # Committed requests are the backend's committed load, which every app's
+            # speculation on it yields to (a speculative one holds its runner's sequence).
+            budget = None if request.speculative else hub_for(backend).budget
+            if budget is not None:
+                budget.committed_started()
+            try:
+                yield request
+            finally:
+                if budget is not None:
+                    budget.committed_finished()
+
+    def _late(self) -> BackendError:
+        return BackendError(self.backend_name, f"no answer within {self.timeout}s")
+
+    async def _complete(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> ChatResult:
+        backend = self.generation_backend
+        async with self._requesting(backend, messages, stop, kwargs) as request:
+            try:
+                async with asyncio.timeout(self.timeout):
+                    result = await backend.generate(request)
+            except TimeoutError as exc:
+                raise self._late() from exc
+        return self._result(result, request.sampling.stop, kwargs.get("model", self.model_name))
+
+    async def _tokens(
+        self,
+        backend: GenerationBackend,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """One sample streamed token by token (``backend.stream``); the last chunk carries
+        the usage and the finish reason. ``timeout`` bounds the whole call."""
+        async with self._requesting(backend, messages, stop, {**kwargs, "n": 1}) as request:
+            words = request.sampling.stop
+            now = asyncio.get_running_loop().time()
+            deadline = None if self.timeout is None else now + self.timeout
+            sent = ""
+            stream: Callable[[GenerateRequest], AsyncGenerator[StreamUpdate]]
+            stream = backend.stream  # type: ignore[attr-defined]  # checked by streams()
+            updates = stream(request)
+            async with contextlib.aclosing(updates):  # leaving early aborts the request
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            update = await anext(updates)
+                    except StopAsyncIteration:
+                        raise BackendError(
+                            self.backend_name, f"stream of {request.request_id} ended early"
+                        ) from None
+                    except TimeoutError as exc:
+                        raise self._late() from exc
+                    done = update.completion
+                    if done is not None and done.finish_reason == FinishReason.ABORT:
+                        raise BackendError(
+                            self.backend_name, f"request {request.request_id} was aborted"
+                        )
+                    text = cut_at_stop(done.text if done else update.text, words)
+                    if not text.startswith(sent):
+                        raise BackendError(
+                            self.backend_name, f"stream of {request.request_id} rewrote its text"
+                        )
+                    delta, sent = text[len(sent) :], text
+                    if done is None:
+                        if delta:
+                            yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+                        continue
+                    name = kwargs.get("model", self.model_name)
+                    prompt_tokens = backend.count_tokens(request.prompt or "")
+                    message = AIMessageChunk(
+                        content=delta,
+                        usage_metadata=usage(prompt_tokens, done.num_tokens),
+                        response_metadata=_metadata(name, request.request_id, done),
+                        chunk_position="last",
+                    )
+                    yield ChatGenerationChunk(message=message)
+                    return
+
+    def _result(self, result: GenerateResult, stop: Sequence[str], name: str) -> ChatResult:
+        generations = []
+        for i, completion in enumerate(result.completions):
+            if completion.finish_reason == FinishReason.ABORT:
+                raise BackendError(self.backend_name, f"request {result.request_id} was aborted")
+            text = cut_at_stop(completion.text, stop)
+            message = AIMessage(
+                content=text,
+                usage_metadata=usage(result.prompt_tokens if i == 0 else 0, completion.num_tokens),
+                response_metadata=_metadata(name, result.request_id, completion),
+            )
+            generations.append(ChatGeneration(message=message))
+        return ChatResult(generations=generations)
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return await self._complete(messages, stop, kwargs)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        coro = self._complete(messages, stop, kwargs)
+        branch = current_branch.get()
+        loop = branch.loop if branch is not None else None
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            # A sync node on a worker thread of a spec-tot run: the backend lives on the
+            # run's loop, and cancelling the branch aborts the request there.
+            return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        return run_in_thread_if_needed(coro)
+
+    def streams(self) -> bool:
+        """Whether calls stream token by token: the backend streams
+        (``capabilities.streaming``) and offers ``stream(request)``, as the embedded engine
+        does. Other backends (the scripted one; SGLang and OpenAI-compatible servers, whose
+        adapters stream internally but expose only ``generate``) answer in one chunk."""
+        backend = self.generation_backend
+        return backend.capabilities.streaming and callable(getattr(backend, "stream", None))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        if self.streams():
+            async for chunk in self._tokens(self.generation_backend, messages, stop, kwargs):
+                yield chunk
+            return
+        result = await self._complete(messages, stop, {**kwargs, "n": 1})
+        yield _last_chunk(result.generations[0].message)
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        chunks = self._astream(messages, stop, None, **kwargs)
+        branch = current_branch.get()
+        loop = branch.loop if branch is not None else None
+        if loop is not None and loop.is_running() and not _on_loop(loop):
+            yield from iterate_in_thread(chunks, loop)  # a sync node's thread: the run's loop
+        else:
+            yield from iterate_in_thread(chunks)
+
+
+def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, Any]:
+    return {
+        "model_name": name,
+        "request_id": request_id,
+        "finish_reason": completion.finish_reason.name.lower(),
+    }
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _last_chunk(message: BaseMessage) -> ChatGenerationChunk:
+    chunk = AIMessageChunk(
+        content=message.content,
+        usage_metadata=getattr(message, "usage_metadata", None),
+        response_metadata=message.response_metadata,
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=chunk)

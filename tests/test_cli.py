@@ -1,0 +1,243 @@
+"""``spec-tot`` as a user meets it: every usage error is one line on stderr naming the option,
+exit 2, no traceback, and no backend started (option values are checked before any model
+loads); runtime failures are one line and exit 1; a run in which every query failed is an
+error; the main commands and every ``--help`` work."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from engine_fixtures import tiny_llama
+
+from spec_tot import cli
+
+__all__ = ["tiny_llama"]
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.run_cli(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {lines!r}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if a backend (and so a model) would start."""
+
+    def refuse(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("a backend started before the options were checked")
+
+    monkeypatch.setattr(cli, "_start_backend", refuse)
+
+
+USAGE_ERRORS = [
+    (["--bogus"], "No such option: --bogus"),
+    (["run", "--queries", "abc"], "'--queries'"),
+    (["nosuch"], "No such command 'nosuch'"),
+    ([], "Missing command"),
+    (["run", "--param", "bogus=1"], "--param bogus: not a known option"),
+    (["run", "--param", "width=abc"], "--param width: expected an integer, got 'abc'"),
+    (["run", "--param", "width"], "--param: expected KEY=VALUE"),
+    (["run", "--param", "width=0"], "--param: width"),
+    (["run", "--backend-opt", "num_kv_blocks=abc"], "--backend-opt num_kv_blocks: expected an"),
+    (["run", "--backend-opt", "bogus=1"], "--backend-opt bogus: not a known option"),
+    (["run", "--backend-opt", "enable_dedup=maybe"], "--backend-opt enable_dedup: expected true"),
+    (["serve", "--port", "99999"], "'--port'"),
+    (["serve", "--port", "0"], "'--port'"),
+    (["serve", "--backend-opt", "num_kv_blocks=abc"], "--backend-opt num_kv_blocks"),
+    (["serve", "--api-key", " "], "--api-key: must not be empty"),
+    (["serve", "--program", "nope"], "--program: unknown program 'nope'"),
+    (["run", "--queries", "101"], "--queries: the test range holds 100 puzzles"),
+    (["run", "--queries", "0"], "'--queries'"),
+    (["run", "--concurrency", "0"], "'--concurrency'"),
+    (["run", "--search", "bogus"], "--search: unknown search policy 'bogus'"),
+    (["run", "--mode", "bogus"], "--mode: unknown executor mode 'bogus'"),
+    (["run", "--compare", "--mode", "baseline"], "--compare:"),
+    (["run", "--program", "nope"], "--program: unknown program 'nope'"),
+    (["run", "--backend", "nope"], "--backend: unknown backend 'nope'"),
+    (["run", "--json", "/nonexistent-dir/x.json"], "--json: folder '/nonexistent-dir'"),
+    (["bench", "--modes", ","], "--modes: expected executor modes"),
+    (["bench", "--modes", "full,bogus"], "--modes: unknown executor mode 'bogus'"),
+    (["bench", "--concurrency", "0,4"], "--concurrency: expected positive integers"),
+    (["bench", "--concurrency", "x"], "--concurrency: expected positive integers"),
+    (["graph", "--program", "nope"], "--program: unknown program 'nope'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS]
+)
+def test_usage_error_is_one_line_exit_2_and_starts_nothing(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str], no_backend: None
+) -> None:
+    code, out, err = invoke(capsys, *argv)
+    line = one_line(err)
+    assert code == 2 and out == ""
+    assert line.startswith("error: ") and expected in line, line
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["run", "--backend-opt", "num_kv_blocks=0"], "--backend-opt: num_kv_blocks: must be >= 1"),
+        (["bench", "--backend", "scripted", "--backend-opt", "depth=0"], "--backend-opt: depth"),
+    ],
+)
+def test_backend_option_values_are_checked_before_weights_load(
+    argv: list[str],
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from spec_tot.adapters.local import engine
+
+    def refuse(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("the engine started loading weights")
+
+    monkeypatch.setattr(engine, "LLMEngine", refuse)
+    code, out, err = invoke(capsys, *argv)
+    assert code == 2 and out == "" and expected in one_line(err)
+
+
+def test_a_port_in_use_is_refused_before_the_engine_loads(
+    capsys: pytest.CaptureFixture[str], no_backend: None
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        code, _, err = invoke(capsys, "serve", "--port", str(port))
+    assert code == 2 and f"--port: cannot bind 127.0.0.1:{port}" in one_line(err)
+
+
+def test_a_truncated_model_file_is_one_line_naming_the_option(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    code, out, err = invoke(
+        capsys, "run", "--queries", "1", "--backend-opt", f"policy_path={folder}"
+    )
+    line = one_line(err)
+    assert code == 1 and out == ""
+    assert f"backend 'local' did not start (--backend-opt policy_path={folder})" in line, line
+
+
+def test_every_query_failed_is_an_error_not_a_result(
+    tiny_llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The issue's case: prompts longer than max_model_len, so each query fails in the engine.
+    code, out, err = invoke(
+        capsys, "run", "--program", "toy", "--backend", "local", "--queries", "2",
+        "--backend-opt", f"policy_path={tiny_llama}", "--backend-opt", "max_model_len=8",
+        "--backend-opt", "saturation_batch=4",
+    )  # fmt: skip
+    line = one_line(err)
+    assert code == 1 and "q/s" not in out
+    assert "every query failed in full@32 (2/2; --backend-opt" in line and "max_model_len=8" in line
+    assert "first error: q0/" in line and "8" in line
+
+
+def test_some_failed_queries_warn_and_the_run_still_reports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = invoke(
+        capsys, "run", "--backend", "scripted", "--queries", "4", "--concurrency", "2",
+        "--backend-opt", 'fail_prefixes=["q1"]',
+    )  # fmt: skip
+    assert code == 0 and "summary: full@2:" in out and "3/4" in out
+    assert one_line(err).startswith("warning: 1/4 queries failed in full@2; first: q1/")
+
+
+def test_bench_with_one_dead_run_prints_the_table_then_fails(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_json = tmp_path / "runs.json"
+    code, out, err = invoke(
+        capsys, "bench", "--backend", "scripted", "--modes", "baseline,full", "--concurrency",
+        "2", "--queries", "3", "--backend-opt", 'fail_prefixes=["q0","q1","q2"]',
+        "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 1 and out == ""  # every run dead: no table of rates that measure nothing
+    assert "every query failed in baseline@2, full@2 (3/3;" in one_line(err)
+    assert len(json.loads(out_json.read_text())) == 2  # the record is still written
+
+
+def test_run_and_bench_print_the_table_summary_and_json(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = invoke(capsys, "run", "--backend", "scripted", "--queries", "4", "--compare")
+    assert code == 0 and err == ""
+    assert "solved" in out and "summary: baseline@32:" in out and "x baseline)" in out
+    out_json = tmp_path / "runs.json"
+    code, out, err = invoke(
+        capsys, "bench", "--backend", "scripted", "--modes", "baseline, full", "--concurrency",
+        "1,4", "--queries", "3", "--param", "width=2", "--param", "n=4", "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0 and f"wrote {out_json}" in err
+    rows = json.loads(out_json.read_text())
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [
+        ("baseline", 1), ("baseline", 4), ("full", 1), ("full", 4),
+    ]  # fmt: skip
+    assert all(r["metrics"]["queries"] == 3 and r["search"] == "beam" for r in rows)
+
+
+def test_graph_prints_mermaid(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = invoke(capsys, "graph", "--program", "toy")
+    assert code == 0 and out.startswith(("flowchart", "graph"))
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["bench"], ["serve"], ["graph"]])
+def test_help_works_everywhere(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = invoke(capsys, *command, "--help")
+    assert code == 0 and "Usage" in out
+
+
+def test_serve_reads_the_api_key_from_its_env_var(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_backend: None
+) -> None:
+    code, out, _ = invoke(capsys, "serve", "--help")
+    assert code == 0 and "--api-key" in out and cli.API_KEY_ENV in out
+    monkeypatch.setenv(cli.API_KEY_ENV, " ")  # an empty one counts as unset
+    code, _, err = invoke(capsys, "serve")
+    assert code == 2 and f"--api-key: must not be empty (check ${cli.API_KEY_ENV})" in one_line(err)
+
+
+async def test_serve_api_key_reaches_the_server(tiny_llama: Path) -> None:
+    import httpx
+
+    options = [f"policy_path={tiny_llama}", "prm_path=null", "saturation_batch=4"]
+    server = cli.build_server("game24", options, "k3y")
+    transport = httpx.ASGITransport(app=server)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        assert (await client.get("/health")).status_code == 401
+        ok = await client.get("/health", headers={"Authorization": "Bearer k3y"})
+        assert ok.status_code == 200
+
+
+def test_the_entry_point_prints_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "spec_tot", "run", "--queries", "abc"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert one_line(proc.stderr).startswith("error: Invalid value for '--queries'")
