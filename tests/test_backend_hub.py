@@ -135,9 +135,22 @@ def test_allowance_says_whether_a_prediction_could_be_granted_and_changes_nothin
         budget.grant(q, 0, 1.0 if q == "a" else 0.1, 0.05)
     before = dict(budget.demand)
     assert budget.allowance("a", 0.05) >= 1  # the most useful query
-    assert budget.allowance("h", 0.05) == 0  # many queries, little room: skip predicting
-    assert budget.allowance("new", 0.05) >= 1  # a newcomer: its prior (0.5) is the top
-    assert budget.demand == before
-    budget.committed_started()
-    budget.started("a", 3)
-    assert budget.allowance("a", 0.05) == 0  # no room left at all
+    assert budget.allowance("h", 0.05) == 1  # a query holding nothing: one slot while there is room
+    assert budget.demand == before  # asking changed nothing
+    for q in "abcd":
+        budget.started(q)
+    assert budget.allowance("h", 0.05) == 0  # many queries, no room left: skip predicting
+    assert budget.allowance("new", 0.05) == 0
+
+
+def test_a_caller_holding_slots_gets_no_more_than_its_share() -> None:
+    """The room past the shares is not drained by the most useful caller: a caller that
+    holds slots gets its share, and a caller that holds none still finds one."""
+    budget = SpeculationBudget(capacity=8)
+    budget.grant("lg", 0, 0.1)  # a caller that has not shown a hit rate yet
+    granted = budget.grant("tot", 8, 1.0, 0.05)
+    budget.started("tot", granted)
+    assert granted < 8
+    for _ in range(5):
+        assert budget.grant("tot", 8, 1.0, 0.05) == 0  # no slot past its share
+    assert budget.grant("lg", 1, 0.1, 0.05) == 1

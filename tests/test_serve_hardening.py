@@ -129,6 +129,8 @@ async def test_classify_refuses_what_the_prm_cannot_hold(
             ({"input_ids": [[5], [-1]]}, "input_ids[1][0]"),
             ({"input_ids": []}, "input_ids"),
             ({"input_ids": "5 6"}, "input_ids"),
+            ({"input_ids": 1}, "input_ids"),  # found by the fuzz suite: was a 500
+            ({"input_ids": {"0": [5]}}, "input_ids"),
             ({"text": "a", "sampling_params": 3}, "sampling_params"),
             ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params"),
             ({"text": ["a", "b"], "rid": ["r", "r"]}, "rid"),

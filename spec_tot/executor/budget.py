@@ -100,8 +100,11 @@ class SpeculationBudget:
         # room below saturation left unused is capacity thrown away.
         allowed = math.floor(share * (self.capacity - committed) + 1e-9)
         allowed -= self.speculative.get(key, 0)
-        if allowed <= 0 and demand[key][0] >= top:
-            allowed = 1  # the most useful caller always gets a slot while there is room
+        if allowed <= 0 and not self.speculative.get(key):
+            # A caller holding no slot gets one while there is room (a share that floors to
+            # 0 must not shut it out: it could never show a hit rate), but no more than
+            # one: the room past the shares goes to nobody in particular.
+            allowed = 1
         return max(0, min(wanted, allowed, free))
 
     def started(self, key: str, count: int = 1) -> None:

@@ -220,7 +220,8 @@ def sampling_params(field: str, **values: Any) -> SamplingParams:
 
 
 def is_nested(value: Any) -> bool:
-    return bool(value) and isinstance(value[0], list)
+    # Any JSON value may arrive here (an int, an object): only a list can be nested.
+    return isinstance(value, list) and bool(value) and isinstance(value[0], list)
 
 
 def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int, ...]], str]:
