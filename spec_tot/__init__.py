@@ -4,27 +4,34 @@ Write a ToT program as a ``ThoughtGraph`` (thought, reward, tool and function no
 it with a search policy and a backend, and run it as a langchain_core Runnable.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spec_tot.app import BatchResult, ToTApp, ToTResult
 from spec_tot.backends import BackendRegistry, GenerationBackend, RewardBackend, default_registry
-from spec_tot.chat_model import ToTChatModel
-from spec_tot.chat_spec_tot import ChatSpecTot
 from spec_tot.config import ExecutorConfig
 from spec_tot.graph import END, START, ThoughtGraph
-from spec_tot.langgraph import SpeculativeGraph, from_langgraph
 from spec_tot.policies import SearchPolicy, create_policy, policy_names
 from spec_tot.requests import RewardItem, SamplingParams
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from spec_tot.chat_model import ToTChatModel
+    from spec_tot.chat_spec_tot import ChatSpecTot
+    from spec_tot.langgraph import SpeculativeGraph, from_langgraph
+
 # The LangChain adapters, imported on first use (the core never imports an adapter when it
-# is itself imported).
+# is itself imported), and the LangGraph/LangChain chat-model parts: importing spec_tot does
+# not import langgraph or LangChain's chat models until one of these is used.
 _ADAPTERS = {
     "LangChainBackend": "spec_tot.adapters.langchain",
     "RunnableReward": "spec_tot.adapters.langchain",
     "add_tool": "spec_tot.adapters.langchain",
     "tool_node": "spec_tot.adapters.langchain",
+    "ToTChatModel": "spec_tot.chat_model",
+    "ChatSpecTot": "spec_tot.chat_spec_tot",
+    "SpeculativeGraph": "spec_tot.langgraph",
+    "from_langgraph": "spec_tot.langgraph",
 }
 
 

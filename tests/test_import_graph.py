@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import spec_tot
@@ -85,3 +87,19 @@ def test_the_node_vocabulary_is_a_leaf() -> None:
 def test_the_cycle_finder_finds_cycles() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_importing_spec_tot_leaves_langgraph_and_the_chat_models_unloaded() -> None:
+    """``import spec_tot`` stays light (a CLI start, a worker process): LangGraph and the
+    chat models load on first use of a name that needs them, and then resolve as usual."""
+    code = (
+        "import sys, spec_tot\n"
+        "heavy = [m for m in ('langgraph', 'spec_tot.langgraph', 'spec_tot.chat_model',"
+        " 'spec_tot.chat_spec_tot') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "from spec_tot import ChatSpecTot, SpeculativeGraph, ToTChatModel, from_langgraph\n"
+        "assert 'langgraph' in sys.modules and callable(from_langgraph)\n"
+        "assert ChatSpecTot.__module__ == 'spec_tot.chat_spec_tot'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -67,6 +67,7 @@ class Speculator:
     records: list[TaskRecord] = field(default_factory=list)
     launched: int = 0
     _real: tuple[World, list[PregelExecutableTask], set[str]] | None = None
+    _null: list[PregelExecutableTask] | None = None  # the real step's null step, once
     _dirty: bool = False
     _passing: asyncio.Task[None] | None = None
     _closed: bool = False
@@ -95,6 +96,7 @@ class Speculator:
                 self._cancel(entry)
         self.entries = [e for e in self.entries if not e.adopted and not e.cancelled]
         self._real = (world, tasks, set())
+        self._null = None
         if len(tasks) > 1:
             self._schedule()  # predict from the pool the step starts with
         return adopted
@@ -172,7 +174,9 @@ class Speculator:
         if len(finished) == len(tasks) or (not finished and len(tasks) == 1):
             return  # complete (the runner takes it from here), or nothing to go on
         world = real.fork()
-        world.apply(finished or self._null_step(real))
+        if not finished and self._null is None:
+            self._null = self._null_step(real)
+        world.apply(finished or self._null or [])
         exact, depth = True, 0
         referenced: set[int] = set()
         reached: dict[int, bool] = {}
