@@ -70,6 +70,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--png", type=Path)
+    parser.add_argument("--summarize", type=Path, help="print the summary of a saved --json")
     args = parser.parse_args()
     if args.smoke:
         args.policies, args.concurrency, args.seeds = "beam", "1", "0"
@@ -212,7 +213,30 @@ def summary(rows: list[dict[str, Any]]) -> str:
         "summary (queries/s ratios, mean of seeds; accuracy per seed): "
         + "; ".join(parts)
         + (tail if cpu else "")
+        + chain_steps(rows)
     )
+
+
+def chain_steps(rows: list[dict[str, Any]]) -> str:
+    """At one query, summed over seeds: the dependency chain's engine steps as a share of
+    the baseline's steps (what no overlap can remove), each mode's steps over the chain's
+    (1.0: every off-chain step removed), and its mean step time (what wider batches cost)."""
+    parts = []
+    for policy in sorted({r["search"] for r in rows}):
+        one = [r for r in rows if r["search"] == policy and r["concurrency"] == 1]
+        base = [r for r in one if r["mode"] == "baseline" and r.get("bound")]
+        if not base:
+            continue
+        chain = sum(r["bound"]["chain_steps"] for r in base)
+        share = chain / max(sum(r["engine"]["num_steps"] for r in base), 1.0)
+        modes = []
+        for mode in dict.fromkeys(r["mode"] for r in one):
+            runs = [r for r in one if r["mode"] == mode]
+            steps = sum(r["engine"]["num_steps"] for r in runs)
+            ms = 1e3 * sum(r["engine"]["step_seconds"] for r in runs) / max(steps, 1.0)
+            modes.append(f"{mode} {steps / chain:.2f} ({ms:.1f} ms/step)")
+        parts.append(f"{policy}: chain {share:.0%} of baseline's steps; " + ", ".join(modes))
+    return "; engine steps over the chain's at one query: " + "; ".join(parts) if parts else ""
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -241,6 +265,9 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> None:
     args = _args()
+    if args.summarize:
+        print(summary(json.loads(args.summarize.read_text())["runs"]))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     rows, costs = asyncio.run(_run(args))
