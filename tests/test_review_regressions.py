@@ -102,14 +102,15 @@ async def test_one_querys_reward_failure_leaves_the_other_query_alone(mode: str)
 
 async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored() -> None:
     calls: list[list[str]] = []
+    release = asyncio.Event()  # A's batch stays in flight until the check is done
 
     async def scorer(items: list) -> list[float]:
         calls.append([i.request_id for i in items])
-        await asyncio.sleep(0.1)
+        await release.wait()
         return [0.5] * len(items)
 
     node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=default_reward_item)
-    lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=1.0)
+    lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=5.0)
     router = OneRuleRouter(lv)
     state = {"question": "q", "steps": ["s"]}
     for i in range(2):
@@ -124,11 +125,15 @@ async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored(
         )
 
     a = [score("A", f"A/{i}") for i in range(2)]
-    await asyncio.sleep(0.01)  # A's complete group is now being scored
+    for _ in range(200):  # A's complete group is sent at once
+        if calls:
+            break
+        await asyncio.sleep(0.005)
     b = score("B", "B/0")
-    await asyncio.sleep(0.03)
+    await asyncio.sleep(0.03)  # room for a wrong flush of B/0 to happen
     assert calls == [["A/0", "A/1"]]  # B/0 waits for its own group (or the timer)
     router.forget("B")
+    release.set()
     await asyncio.gather(*a, b, return_exceptions=True)
 
 
