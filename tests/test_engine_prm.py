@@ -13,6 +13,7 @@ from engine_fixtures import make_backend, tiny_llama, tiny_prm
 
 from spec_tot.adapters.local.calibrate import (
     CalibrationCache,
+    disturbed,
     fit_line,
     saturation_from_curve,
 )
@@ -125,6 +126,17 @@ async def test_step_cost_calibration_is_cached(
     # a changed curve in the cache is what the next start reports
     file.write_text(json.dumps({"curve": {"1": 1.0, "2": 1.0, "4": 1.0, "8": 9.0}}))
     assert make_backend(saturation_batch=None, max_num_seqs=8).capabilities.saturation_batch == 5
+    # a curve measured on a busy machine (batch 2 cheaper than batch 1) is measured again
+    file.write_text(json.dumps({"curve": {"1": 9.0, "2": 4.5, "4": 9.0, "8": 9.5}}))
+    extra = make_backend(saturation_batch=None, max_num_seqs=8).capabilities.extra
+    assert extra["step_s_b1"] < 1.0 and extra["step_s_b2"] != 4.5
+
+
+def test_a_disturbed_step_curve_is_recognised() -> None:
+    assert disturbed({1: 6.9e-3, 2: 3.5e-3, 4: 6.4e-3})  # measured while the machine was busy
+    assert disturbed({1: 2.0, 64: 1.4})
+    assert not disturbed({1: 2.2e-3, 2: 2.1e-3, 8: 3.6e-3, 64: 9.2e-3})  # noise, not a drop
+    assert not disturbed({1: 1.0})
 
 
 def test_saturation_fit_and_cache_keys(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from spec_tot.requests import (
 
 from .calibrate import (
     CalibrationCache,
+    disturbed,
     model_fingerprint,
     reward_knee,
     saturation_from_curve,
@@ -113,11 +114,13 @@ class LocalBackend(GenerationBackend, RewardBackend):
         }
         key = self._cache.key("steps", what)
         hit = self._cache.get(key)
+        curve = {}
         if hit is not None and isinstance(hit.get("curve"), dict):
             curve = {int(b): float(t) for b, t in hit["curve"].items()}
-        else:
+        if not curve or disturbed(curve):  # a disturbed curve is measured again
             curve = step_cost_curve(engine)
-            self._cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
+            if not disturbed(curve):
+                self._cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
         self._step_curve = curve
         return saturation_from_curve(curve, cfg.max_num_seqs)
 

@@ -40,6 +40,7 @@ from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
 __all__ = [
     "CalibrationCache",
+    "disturbed",
     "fit_line",
     "model_fingerprint",
     "reward_knee",
@@ -78,6 +79,14 @@ def saturation_from_curve(curve: dict[int, float], limit: int, factor: float = 3
         if t1 > target:
             return max(1, min(limit, int(b0 + (target - t0) / (t1 - t0) * (b1 - b0))))
     return limit
+
+
+def disturbed(curve: dict[int, float], drop: float = 0.75) -> bool:
+    """A step-cost curve no real engine has: a larger batch measured ``drop`` x or less
+    of a smaller one's time. The machine was busy while it was measured (the median of a
+    few steps still took the hit); such a curve is used for this start, never cached."""
+    points = [t for _, t in sorted(curve.items())]
+    return any(later <= drop * t for i, t in enumerate(points) for later in points[i + 1 :])
 
 
 def _batches(limit: int) -> list[int]:
