@@ -1,12 +1,16 @@
-"""Beam search and DVTS against hand-computed selections."""
+"""Beam search and DVTS (and the round policies' shared prediction) against hand-computed
+selections."""
 
 from __future__ import annotations
 
+import pytest
 from policy_harness import Outcome, drive, table
 
+from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
 from spec_tot.policies.beam import BeamSearch
 from spec_tot.policies.dvts import DVTS
+from spec_tot.policies.tot_bfs import ToTBFS
 from spec_tot.tree import NodeStatus, SearchTree
 
 
@@ -62,6 +66,30 @@ def test_beam_predict_ranks_scored_children_of_open_round() -> None:
     cands = policy.predict(tree, 3)
     assert len(tree) == before
     assert [(c.parent_id, c.width, c.utility) for c in cands] == [("q/1", 2, 1.0), ("q/2", 1, 0.5)]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [BeamSearch(n=2, width=2), ToTBFS(breadth=1, width=2), DVTS(n=2, width=2)],
+    ids=["beam", "tot_bfs", "dvts"],
+)
+def test_round_policies_predict_past_one_level(policy: RoundPolicy) -> None:
+    # The open round: q/0 (.2) received, q/1 (.8) scored but not yet received. q/1 is the
+    # one selected, but it already has its two speculative children, generated with a
+    # provisional reward and not scored: the chain goes on to select among them, as the
+    # predictive view treats a known node as seen (a filter on SCORED stopped it here).
+    tree = SearchTree("q", "?")
+    policy.initial(tree)
+    kids = [tree.add_child(tree.root) for _ in range(2)]
+    for kid, r in zip(kids, [0.2, 0.8], strict=True):
+        kid.status, kid.reward = NodeStatus.SCORED, r
+    kids[1].walk_version = 1
+    assert policy.on_reward(tree, kids[:1]) == []
+    for _ in range(2):
+        grandchild = tree.add_child(kids[1], speculative=True)
+        grandchild.walk_version, grandchild.provisional = 1, 0.5
+    cands = policy.predict(tree, 4)
+    assert [(c.parent_id, c.width) for c in cands] == [("q/1/0", 2)]
 
 
 def test_dvts_greedy_per_subtree() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from spec_tot.policies._common import check_beam_shape, rank
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
-from spec_tot.tree import Node, NodeStatus, SearchTree
+from spec_tot.tree import Node, SearchTree
 
 __all__ = ["DVTS"]
 
@@ -58,7 +58,7 @@ class DVTS(RoundPolicy):
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         out: list[Expansion] = []
         for group in self._groups(round_nodes).values():
-            scored = [c for c in group if c.status is NodeStatus.SCORED]
+            scored = [c for c in group if self.seen(c)]
             if scored:
                 best = rank(scored, self.score)[0]
                 if self.expandable(best):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from spec_tot.policies._common import check_positive, rank
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
-from spec_tot.tree import Node, NodeStatus, SearchTree
+from spec_tot.tree import Node, SearchTree
 
 __all__ = ["ToTBFS"]
 
@@ -42,6 +42,6 @@ class ToTBFS(RoundPolicy):
         return self.breadth
 
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
-        scored = [c for c in round_nodes if c.status is NodeStatus.SCORED]
+        scored = [c for c in round_nodes if self.seen(c)]
         kept = rank(scored, self.score)[: self.breadth]
         return [Expansion(c.id, self.width) for c in kept if self.expandable(c)]
