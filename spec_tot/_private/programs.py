@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spec_tot._private.plugins import load_target
 from spec_tot.errors import UnknownNameError
 
 __all__ = ["PROGRAMS", "Program", "load_program"]
@@ -37,6 +37,5 @@ def load_program(name: str) -> Program:
     target = PROGRAMS.get(name)
     if target is None:
         raise UnknownNameError("program", name, list(PROGRAMS))
-    module_name, _, attr = target.partition(":")
-    program: Program = getattr(importlib.import_module(module_name), attr)
+    program: Program = load_target(target)
     return program
