@@ -17,10 +17,12 @@ from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ExecutionError
+from spec_tot.executor.seeds import request_seed, seed_key
 from spec_tot.graph import END, START, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX, compile_toy, toy_questions
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
+from spec_tot.requests import GenerateRequest, GenerateResult
 from spec_tot.tree import NodeStatus
 
 BEAM = {"search": "beam", "search_params": {"n": 4, "width": 2}}
@@ -157,6 +159,37 @@ async def test_the_same_question_asked_twice_gets_the_same_answer() -> None:
     named = [await app.ainvoke({**question, "query_id": qid}) for qid in ("a", "a", "b")]
     assert sorted(tree_texts(named[0]).values()) == sorted(tree_texts(named[1]).values())
     assert sorted(tree_texts(named[0]).values()) != sorted(tree_texts(named[2]).values())
+
+
+class _SeedRecorder(ScriptedBackend):
+    def __init__(self) -> None:
+        super().__init__(ScriptedConfig())
+        self.seeds: dict[str, int | None] = {}
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        self.seeds[request.request_id] = request.sampling.seed
+        return await super().generate(request)
+
+
+async def test_request_seed_agrees_with_the_executor() -> None:
+    """``request_seed`` (the public twin a LangGraph run uses) gives every request the seed
+    the executor sent, with an explicit query id and with an input-derived seed key."""
+    backend = _SeedRecorder()
+    app = compile_toy(backend=backend, config=ExecutorConfig(seed=5), **BEAM)
+    question = {"question": "toy puzzle 7"}
+    for explicit in (None, "a"):
+        state = question if explicit is None else {**question, "query_id": explicit}
+        backend.seeds.clear()
+        result = await app.ainvoke(state)
+        # the key of the state the query started from (the input, with the graph's defaults)
+        key = seed_key(result.tree.root.state, explicit)
+        assert backend.seeds
+        for rid, seed in backend.seeds.items():
+            assert seed == request_seed(5, result.query_id, rid, key), rid
+        if explicit is not None:  # the default key is the explicit id's
+            assert all(
+                seed == request_seed(5, explicit, rid) for rid, seed in backend.seeds.items()
+            )
 
 
 async def test_results_do_not_depend_on_scheduling() -> None:

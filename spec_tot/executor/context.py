@@ -6,12 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_tot._private.compiled import CompiledGraph, stable_seed
+from spec_tot._private.compiled import CompiledGraph
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig, Speculation
 from spec_tot.events import EventKind, EventSink, ToTEvent
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.rewards import RewardRouter
+from spec_tot.executor.seeds import seed_below
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import State
 from spec_tot.policies.base import SearchPolicy
@@ -54,7 +55,7 @@ class QueryContext:
     def request_seed(self, request_id: str) -> int:
         """The seed of a request: the query's seed and the request's path below the root
         (never the query id itself, which may be auto-assigned)."""
-        return stable_seed(self.seed, request_id[len(self.tree.query_id) :])
+        return seed_below(self.seed, self.tree.query_id, request_id)
 
     def emit(self, kind: EventKind, node: Node | None, **data: Any) -> None:
         if self.on_event is not None:

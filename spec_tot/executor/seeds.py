@@ -37,4 +37,11 @@ def request_seed(base_seed: int, query_id: str, request_id: str, key: str | None
     if not request_id.startswith(query_id):
         raise ValueError(f"request {request_id!r} is not under query {query_id!r}")
     qseed = query_seed(base_seed, key if key is not None else f"id:{query_id}")
+    return seed_below(qseed, query_id, request_id)
+
+
+def seed_below(qseed: int, query_id: str, request_id: str) -> int:
+    """The seed of ``request_id`` in the query ``query_id`` whose seed is ``qseed``: from
+    the request's path below the root, never the query id itself (which may be
+    auto-assigned). The one rule both the executor and ``request_seed`` use."""
     return stable_seed(qseed, request_id[len(query_id) :])
