@@ -127,13 +127,20 @@ class BranchRunner:
 
     # -- events and slots ---------------------------------------------------------------------
     def final_event(self, node: Node) -> asyncio.Event:
-        event = self._final.setdefault(node.id, asyncio.Event())
+        """The event a tool below ``node`` waits on for its final walk (made on first ask)."""
+        event = self._final.get(node.id)
+        if event is None:
+            event = self._final[node.id] = asyncio.Event()
         if node.final:
             event.set()
         return event
 
     def committed_event(self, node: Node) -> asyncio.Event:
-        return self._committed.setdefault(node.id, asyncio.Event())
+        """The event a parked non-speculable tool of ``node`` waits on (made on first ask)."""
+        event = self._committed.get(node.id)
+        if event is None:
+            event = self._committed[node.id] = asyncio.Event()
+        return event
 
     def hold_slot(self, node: Node) -> None:
         if node not in self._slots:
@@ -177,7 +184,9 @@ class BranchRunner:
             if child not in self._killed and not self.running(child):
                 self.restart(child)
         if node.final:
-            self.final_event(node).set()
+            event = self._final.get(node.id)
+            if event is not None:  # a tool waits; one asked later finds node.final set
+                event.set()
         self._changed()
 
     # -- one run ------------------------------------------------------------------------------
