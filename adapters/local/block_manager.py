@@ -149,16 +149,6 @@ class BlockManager:
         seq.num_hashed_blocks = min(seq.num_hashed_blocks, start // bs)
 
     # -- decode -----------------------------------------------------------------------------
-    def _needs_block(self, seq: Sequence) -> bool:
-        """The token at position len-1 is written next step: a new block or a private copy."""
-        pos = len(seq) - 1
-        if pos // self.block_size >= len(seq.block_table):
-            return True
-        return self.blocks[seq.block_table[pos // self.block_size]].ref_count > 1
-
-    def can_append(self, seq: Sequence) -> bool:
-        return not self._needs_block(seq) or len(self._free) > 0
-
     def reserve_slot(self, seq: Sequence) -> bool:
         """Room for the token at position len-1 (a new block, or a private copy of a shared
         partial one); False, changing nothing, when no block is free."""
