@@ -129,6 +129,8 @@ class BlockManager:
     def publish(self, seq: Sequence, upto: int) -> None:
         """Publish the full blocks of ``seq`` that end at or before token ``upto``."""
         bs, table = self.block_size, seq.block_table
+        if upto // bs <= seq.num_hashed_blocks:  # no block filled since the last publish
+            return
         for index in range(seq.num_hashed_blocks, upto // bs):
             prev = self.blocks[table[index - 1]].hash if index else -1
             block = self.blocks[table[index]]
