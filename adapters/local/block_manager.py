@@ -129,6 +129,8 @@ class BlockManager:
     def publish(self, seq: Sequence, upto: int) -> None:
         """Publish the full blocks of ``seq`` that end at or before token ``upto``."""
         bs, table = self.block_size, seq.block_table
+        if upto // bs <= seq.num_hashed_blocks:  # no block filled since the last publish
+            return
         for index in range(seq.num_hashed_blocks, upto // bs):
             prev = self.blocks[table[index - 1]].hash if index else -1
             block = self.blocks[table[index]]
@@ -149,16 +151,6 @@ class BlockManager:
         seq.num_hashed_blocks = min(seq.num_hashed_blocks, start // bs)
 
     # -- decode -----------------------------------------------------------------------------
-    def _needs_block(self, seq: Sequence) -> bool:
-        """The token at position len-1 is written next step: a new block or a private copy."""
-        pos = len(seq) - 1
-        if pos // self.block_size >= len(seq.block_table):
-            return True
-        return self.blocks[seq.block_table[pos // self.block_size]].ref_count > 1
-
-    def can_append(self, seq: Sequence) -> bool:
-        return not self._needs_block(seq) or len(self._free) > 0
-
     def reserve_slot(self, seq: Sequence) -> bool:
         """Room for the token at position len-1 (a new block, or a private copy of a shared
         partial one); False, changing nothing, when no block is free."""

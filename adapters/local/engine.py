@@ -176,10 +176,8 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
-        bs = self.block_manager.block_size
         for row in plan.rows:
-            if row.end // bs > row.seq.num_hashed_blocks:  # a block filled in this step
-                self.block_manager.publish(row.seq, row.end)
+            self.block_manager.publish(row.seq, row.end)  # the blocks filled in this step
         cow = self.block_manager.take_cow_pairs()
         logit_plan = plan_logits(plan)
         try:

@@ -53,12 +53,16 @@ def plan_logits(plan: StepPlan) -> LogitPlan:
     the prompt: a prompt's last token is its own row only once all before it are computed),
     unless it ends a prompt of ``max_tokens`` 0."""
     num_decode = plan.num_decode
-    tokens = list(range(num_decode))
-    samples = [row.seq for row in plan.rows[:num_decode]]
-    empty = [s for s in samples if s.params.max_tokens == 0 and len(s) == s.num_prompt_tokens]
-    if empty:
-        tokens = [i for i, s in enumerate(samples) if s not in empty]
-        samples = [s for s in samples if s not in empty]
+    tokens: list[int] = []
+    samples: list[Sequence] = []
+    empty: list[Sequence] = []
+    for i, row in enumerate(plan.rows[:num_decode]):
+        seq = row.seq
+        if seq.num_output_tokens == 0 and seq.params.max_tokens == 0:
+            empty.append(seq)
+        else:
+            tokens.append(i)
+            samples.append(seq)
     prompt: list[tuple[Sequence, int]] = []
     prompt_tokens: list[int] = []
     offset = num_decode

@@ -51,11 +51,16 @@ class ModelRunner:
         self.attention = attention
         self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
         self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
-        self._arange_long = torch.arange(0, device=device)  # grown on demand
         with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
             warnings.simplefilter("ignore")
             empty = torch.zeros(1, dtype=torch.int64, device=device)
             torch.sparse_csr_tensor(empty, empty[:0], empty[:0].float(), size=(0, 1))
+
+    def _range(self, n: int) -> torch.Tensor:
+        """``0..n-1`` (int64, on the device): a view of one range, grown on demand."""
+        if self._arange.numel() < n:
+            self._arange = torch.arange(2 * n, device=self.device)
+        return self._arange[:n]
 
     def _tensor(self, data: Seq[object]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
@@ -90,7 +95,7 @@ class ModelRunner:
             positions = self._tensor([row.start for row in rows])
         else:  # short prompt chunks: each token a row of its own
             counts = self._tensor([row.num_tokens for row in rows])
-            row_of = torch.repeat_interleave(self._arange[: len(rows)], counts)
+            row_of = torch.repeat_interleave(self._range(len(rows)), counts)
             first = torch.cumsum(counts, 0) - counts
             starts = self._tensor([row.start for row in rows])
             positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
@@ -99,7 +104,7 @@ class ModelRunner:
         n = positions.numel()
         slots = index.gather(1, positions[:, None]).squeeze(1)
         cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).view(-1)
-        allowed = self._arange[:width][None, :] <= positions[:, None]
+        allowed = self._range(width)[None, :] <= positions[:, None]
         flat = mask = None
         # entries a ragged pattern holds (per head): sum of p + 1 over every token
         used = sum(r.num_tokens * r.start + r.num_tokens * (r.num_tokens + 1) // 2 for r in rows)
@@ -112,10 +117,8 @@ class ModelRunner:
             flat = keep.nonzero().squeeze(1)
             cols = cols.index_select(0, flat)
         else:
-            if self._arange_long.numel() <= n * heads:
-                self._arange_long = torch.arange(2 * n * heads + 1, device=self.device)
-            crow = self._arange_long[: n * heads + 1] * width
-            mask = torch.where(allowed, 0.0, float("-inf")).to(self._dtype)[:, None, :]
+            crow = self._range(n * heads + 1) * width
+            mask = self._additive(allowed)[:, None, :]
         nnz = cols.numel()
         if self._zeros.numel() < nnz:
             self._zeros = torch.zeros(2 * nnz, dtype=self._dtype, device=self.device)
@@ -138,7 +141,7 @@ class ModelRunner:
         width = max(row.end for row in rows)
         index = self._gather_index(rows, width)
         starts = self._tensor([row.start for row in rows])
-        offsets = self._arange[:q_max]
+        offsets = self._range(q_max)
         positions_pad = starts[:, None] + offsets[None, :]  # [rows, q_max]
         if all(q == q_max for q in q_lens):
             valid = None
@@ -151,7 +154,7 @@ class ModelRunner:
         if n_rows == 1 and (rows[0].start == 0 or q_max == 1):
             mask = None  # plain causal from slot 0 (or one query seeing its whole context)
         else:
-            allowed = self._arange[:width][None, None, :] <= positions_pad[:, :, None]
+            allowed = self._range(width)[None, None, :] <= positions_pad[:, :, None]
             mask = self._additive(allowed).unsqueeze(1)
         meta = DenseMeta(first_token, total, q_max, index, mask)
         if valid is not None:
