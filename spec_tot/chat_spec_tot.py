@@ -275,11 +275,8 @@ class ChatSpecTot(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         coro = self._complete(messages, stop, kwargs)
-        branch = current_branch.get()
-        loop = branch.loop if branch is not None else None
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            # A sync node on a worker thread of a spec-tot run: the backend lives on the
-            # run's loop, and cancelling the branch aborts the request there.
+        loop = _branch_loop()
+        if loop is not None:
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
         return run_in_thread_if_needed(coro)
 
@@ -313,12 +310,7 @@ class ChatSpecTot(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         chunks = self._astream(messages, stop, None, **kwargs)
-        branch = current_branch.get()
-        loop = branch.loop if branch is not None else None
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            yield from iterate_in_thread(chunks, loop)  # a sync node's thread: the run's loop
-        else:
-            yield from iterate_in_thread(chunks)
+        yield from iterate_in_thread(chunks, _branch_loop())
 
 
 def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, Any]:
@@ -327,6 +319,17 @@ def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, A
         "request_id": request_id,
         "finish_reason": completion.finish_reason.name.lower(),
     }
+
+
+def _branch_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop a sync call runs its coroutine on: the current branch's run loop when this
+    is a sync node on a worker thread of a spec-tot run (the backend lives on that loop, and
+    cancelling the branch aborts the request there); otherwise None (a loop of its own)."""
+    branch = current_branch.get()
+    loop = branch.loop if branch is not None else None
+    if loop is not None and loop.is_running() and not _on_loop(loop):
+        return loop
+    return None
 
 
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
