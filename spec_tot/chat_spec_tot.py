@@ -37,7 +37,7 @@ from spec_tot._private.compiled import stable_seed
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
 from spec_tot.branch import BranchContext, current_branch
-from spec_tot.chat_common import cut_at_stop, ls_params, messages_to_text, usage
+from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for
 from spec_tot.requests import (
@@ -300,7 +300,7 @@ class ChatSpecTot(BaseChatModel):
                 yield chunk
             return
         result = await self._complete(messages, stop, {**kwargs, "n": 1})
-        yield _last_chunk(result.generations[0].message)
+        yield last_chunk(result.generations[0].message)
 
     def _stream(
         self,
@@ -337,13 +337,3 @@ def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _last_chunk(message: BaseMessage) -> ChatGenerationChunk:
-    chunk = AIMessageChunk(
-        content=message.content,
-        usage_metadata=getattr(message, "usage_metadata", None),
-        response_metadata=message.response_metadata,
-        chunk_position="last",
-    )
-    return ChatGenerationChunk(message=chunk)
