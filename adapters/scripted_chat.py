@@ -27,7 +27,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from spec_tot.chat_common import cut_at_stop
+from spec_tot.chat_common import cut_at_stop, usage
 from spec_tot.errors import ConfigError
 
 __all__ = ["Responder", "ScriptedChatModel", "echo", "render", "stable_unit"]
@@ -102,21 +102,16 @@ class ScriptedChatModel(BaseChatModel):
         tools = [t.get("function", t) for t in kwargs.get("tools") or []]
         n = int(kwargs.get("n") or 1)
         text = render(messages)
+        input_tokens = max(1, len(text) // 4)
         out = []
         for index in range(n):
             reply = self.respond(messages, tools, index)
             message = reply if isinstance(reply, AIMessage) else AIMessage(content=reply)
             if stop and isinstance(message.content, str):
                 message = message.model_copy(update={"content": cut_at_stop(message.content, stop)})
-            words = max(1, len(message.text) // 4)
-            usage = {
-                "input_tokens": max(1, len(text) // 4),
-                "output_tokens": words,
-                "total_tokens": max(1, len(text) // 4) + words,
-            }
             message = message.model_copy(
                 update={
-                    "usage_metadata": usage,
+                    "usage_metadata": usage(input_tokens, max(1, len(message.text) // 4)),
                     "response_metadata": {"model_name": self.model_name},
                 }
             )

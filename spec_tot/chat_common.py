@@ -6,12 +6,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.language_models import LangSmithParams
-from langchain_core.messages import BaseMessage, HumanMessage
+from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk
 
 from spec_tot.errors import ConfigError
 
-__all__ = ["cut_at_stop", "last_human_text", "ls_params", "messages_to_text", "usage"]
+__all__ = [
+    "cut_at_stop",
+    "last_chunk",
+    "last_human_text",
+    "ls_params",
+    "messages_to_text",
+    "usage",
+]
 
 
 def _text(message: BaseMessage, index: int) -> str:
@@ -58,6 +66,17 @@ def usage(input_tokens: int, output_tokens: int) -> UsageMetadata:
         output_tokens=output_tokens,
         total_tokens=input_tokens + output_tokens,
     )
+
+
+def last_chunk(message: BaseMessage) -> ChatGenerationChunk:
+    """A whole reply as a stream's last chunk: its content, usage and metadata."""
+    chunk = AIMessageChunk(
+        content=message.content,
+        usage_metadata=getattr(message, "usage_metadata", None),
+        response_metadata=message.response_metadata,
+        chunk_position="last",
+    )
+    return ChatGenerationChunk(message=chunk)
 
 
 def ls_params(model: Any, stop: Sequence[str] | None, kwargs: Mapping[str, Any]) -> LangSmithParams:

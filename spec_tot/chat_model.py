@@ -41,7 +41,7 @@ from pydantic import ConfigDict, Field
 from spec_tot._private.runnable import event_payload
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.app import ToTApp, ToTResult
-from spec_tot.chat_common import cut_at_stop, last_human_text, ls_params, usage
+from spec_tot.chat_common import cut_at_stop, last_chunk, last_human_text, ls_params, usage
 from spec_tot.errors import ConfigError, ExecutionError, QueryTimeoutError
 from spec_tot.events import ToTEvent
 from spec_tot.metrics import RunMetrics
@@ -171,14 +171,7 @@ class ToTChatModel(BaseChatModel):
                     )
                     yield ChatGenerationChunk(message=chunk)
                 continue
-            message = self._message(*item, stop, messages, name)
-            last = AIMessageChunk(
-                content=message.content,
-                usage_metadata=message.usage_metadata,
-                response_metadata=message.response_metadata,
-                chunk_position="last",
-            )
-            yield ChatGenerationChunk(message=last)
+            yield last_chunk(self._message(*item, stop, messages, name))
 
     # -- LangChain's entry points ---------------------------------------------------------
     async def _collect(

@@ -37,7 +37,7 @@ from spec_tot._private.compiled import stable_seed
 from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
 from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
 from spec_tot.branch import BranchContext, current_branch
-from spec_tot.chat_common import cut_at_stop, ls_params, messages_to_text, usage
+from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for
 from spec_tot.requests import (
@@ -275,11 +275,8 @@ class ChatSpecTot(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         coro = self._complete(messages, stop, kwargs)
-        branch = current_branch.get()
-        loop = branch.loop if branch is not None else None
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            # A sync node on a worker thread of a spec-tot run: the backend lives on the
-            # run's loop, and cancelling the branch aborts the request there.
+        loop = _branch_loop()
+        if loop is not None:
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
         return run_in_thread_if_needed(coro)
 
@@ -303,7 +300,7 @@ class ChatSpecTot(BaseChatModel):
                 yield chunk
             return
         result = await self._complete(messages, stop, {**kwargs, "n": 1})
-        yield _last_chunk(result.generations[0].message)
+        yield last_chunk(result.generations[0].message)
 
     def _stream(
         self,
@@ -313,12 +310,7 @@ class ChatSpecTot(BaseChatModel):
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
         chunks = self._astream(messages, stop, None, **kwargs)
-        branch = current_branch.get()
-        loop = branch.loop if branch is not None else None
-        if loop is not None and loop.is_running() and not _on_loop(loop):
-            yield from iterate_in_thread(chunks, loop)  # a sync node's thread: the run's loop
-        else:
-            yield from iterate_in_thread(chunks)
+        yield from iterate_in_thread(chunks, _branch_loop())
 
 
 def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, Any]:
@@ -329,18 +321,19 @@ def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, A
     }
 
 
+def _branch_loop() -> asyncio.AbstractEventLoop | None:
+    """The loop a sync call runs its coroutine on: the current branch's run loop when this
+    is a sync node on a worker thread of a spec-tot run (the backend lives on that loop, and
+    cancelling the branch aborts the request there); otherwise None (a loop of its own)."""
+    branch = current_branch.get()
+    loop = branch.loop if branch is not None else None
+    if loop is not None and loop.is_running() and not _on_loop(loop):
+        return loop
+    return None
+
+
 def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
     except RuntimeError:
         return False
-
-
-def _last_chunk(message: BaseMessage) -> ChatGenerationChunk:
-    chunk = AIMessageChunk(
-        content=message.content,
-        usage_metadata=getattr(message, "usage_metadata", None),
-        response_metadata=message.response_metadata,
-        chunk_position="last",
-    )
-    return ChatGenerationChunk(message=chunk)

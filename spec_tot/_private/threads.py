@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
@@ -16,21 +17,23 @@ _DONE = object()
 
 
 def run_in_thread_if_needed(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(coro)``; inside a running loop, on a fresh loop in a worker thread."""
+    """``asyncio.run(coro)``; inside a running loop, on a fresh loop in a worker thread,
+    in a copy of the caller's context (a branch's ``current_branch`` goes with it)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(coro)
+    context = contextvars.copy_context()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, coro).result()
+        return pool.submit(context.run, asyncio.run, coro).result()
 
 
 def iterate_in_thread(
     stream: AsyncIterator[T], loop: asyncio.AbstractEventLoop | None = None
 ) -> Iterator[T]:
     """Iterate an async iterator from sync code, item by item, on its own loop and thread,
-    or on ``loop`` (running in another thread; the stream sees this thread's context), where
-    leaving early cancels it."""
+    or on ``loop`` (running in another thread), where leaving early cancels it. Either way
+    the stream sees a copy of this thread's context."""
     items: queue.Queue[Any] = queue.Queue()
     stop = threading.Event()
 
@@ -49,7 +52,8 @@ def iterate_in_thread(
         future = asyncio.run_coroutine_threadsafe(pump(), loop)
         end: Callable[[], Any] = future.cancel
     else:
-        thread = threading.Thread(target=asyncio.run, args=(pump(),), daemon=True)
+        context = contextvars.copy_context()
+        thread = threading.Thread(target=context.run, args=(asyncio.run, pump()), daemon=True)
         thread.start()
         end = thread.join
     try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import itertools
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -65,17 +64,15 @@ class Speculator:
     loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
     entries: list[Entry] = field(default_factory=list)
     records: list[TaskRecord] = field(default_factory=list)
-    launched: int = 0
     _real: tuple[World, list[PregelExecutableTask], set[str]] | None = None
     _null: list[PregelExecutableTask] | None = None  # the real step's null step, once
     _dirty: bool = False
     _passing: asyncio.Task[None] | None = None
     _closed: bool = False
-    _ids: itertools.count[int] = field(default_factory=itertools.count)
     _aborts: set[asyncio.Task[Any]] = field(default_factory=set)
     _live: set[asyncio.Task[Any]] = field(default_factory=set)  # every run not yet ended
     _recorded: set[str] = field(default_factory=set)
-    _ids_issued: int = 0
+    _ids_issued: int = 0  # speculative runs launched; the next run's serial
 
     # -- the runner's side ----------------------------------------------------------------
     def begin_step(self, world: World, tasks: list[PregelExecutableTask]) -> dict[str, Entry]:
@@ -84,7 +81,8 @@ class Speculator:
         for task in tasks:
             # Predicted for this step first; a run predicted for another step computed
             # the same thing all the same.
-            entry = self._find(task, world.step) or self._find(task)
+            key = match_key(self.roles.get(task.name), task.input)
+            entry = self._find(task, key, world.step) or self._find(task, key)
             if entry is not None and not entry.failed:  # a failed run is re-run for real
                 entry.adopted = True
                 entry.branch.speculative = False
@@ -191,8 +189,9 @@ class Speculator:
                 entry = None
                 role = self.roles.get(task.name)
                 if role is not None and role.pure:
-                    entry = self._find(task, world.step, referenced) or self._launch(
-                        world, task, exact
+                    key = match_key(role, task.input)
+                    entry = self._find(task, key, world.step, referenced) or self._launch(
+                        world, task, key, exact
                     )
                 if entry is None:
                     blocked = True
@@ -244,11 +243,15 @@ class Speculator:
         self.entries = [e for e in self.entries if not e.cancelled]
 
     def _find(
-        self, task: PregelExecutableTask, step: int | None = None, taken: set[int] | None = None
+        self,
+        task: PregelExecutableTask,
+        key: Any,
+        step: int | None = None,
+        taken: set[int] | None = None,
     ) -> Entry | None:
-        """A live run of ``task``'s node on an equal input (predicted for ``step`` when
-        given), other than those in ``taken``: equal Sends in one step are separate calls."""
-        key = match_key(self.roles.get(task.name), task.input)
+        """A live run of ``task``'s node on an equal input (``key``, its ``match_key``;
+        predicted for ``step`` when given), other than those in ``taken``: equal Sends in
+        one step are separate calls."""
         for entry in self.entries:
             if (
                 entry.node == task.name
@@ -261,7 +264,9 @@ class Speculator:
                 return entry
         return None
 
-    def _launch(self, world: World, task: PregelExecutableTask, exact: bool) -> Entry | None:
+    def _launch(
+        self, world: World, task: PregelExecutableTask, key: Any, exact: bool
+    ) -> Entry | None:
         if not self.slots.app.idle:
             return None  # the loop is busy: speculation would slow the real path down
         utility = EXACT_UTILITY if exact else DEEP_UTILITY
@@ -272,7 +277,7 @@ class Speculator:
             lease = self.slots.acquire(utility, reserve)
         if lease is None:
             return None
-        n = next(self._ids)
+        n = self._ids_issued
         self._ids_issued = n + 1
         branch = BranchContext(f"{self.prefix}/spec{n}", speculative=True, loop=self.loop)
         entry = Entry(
@@ -280,7 +285,7 @@ class Speculator:
             serial=n,
             node=task.name,
             step=world.step,
-            key=match_key(self.roles.get(task.name), task.input),
+            key=key,
             task=task,
             branch=branch,
             exact=exact,
@@ -289,7 +294,6 @@ class Speculator:
             lease=lease,
         )
         branch.admission = functools.partial(self.slots.admit, lease, entry.is_speculative)
-        self.launched += 1
         entry.future = self.loop.create_task(self._run(entry))
         self._live.add(entry.future)
         entry.future.add_done_callback(functools.partial(self._on_entry_done, entry))
