@@ -16,7 +16,6 @@ Every client error is a 4xx whose message names the field; an unimplemented para
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -28,15 +27,13 @@ from spec_tot.errors import ConfigError
 
 from ..backend import LocalBackend
 from .auth import BearerAuth
-from .context import BodyTooLarge, ServeContext
-from .native import native_routes
+from .context import ServeContext
+from .native import internal_error, native_routes
 from .openai import openai_routes
 from .outputs import error_body
 from .schema import GenerateBatch, Limits, parse_generate
 
 __all__ = ["GenerateBatch", "Limits", "create_server_app", "parse_generate"]
-
-_log = logging.getLogger("spec_tot.serve")
 
 
 def create_server_app(
@@ -61,20 +58,14 @@ def create_server_app(
             headers=exc.headers,
         )
 
-    async def too_large(_request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(str(exc), "body", 413), status_code=413)
-
     async def internal(_request: Request, exc: Exception) -> Response:
-        # A server fault, never an input error (those are 4xx above): say what, keep alive.
-        _log.exception("spec-tot serve: internal error")
-        message = f"internal error: {type(exc).__name__}: {exc}"
-        return JSONResponse(error_body(message, None, 500), status_code=500)
+        # A fault outside the guarded routes (body errors, 413 included, are answered there).
+        return internal_error(exc)
 
     app = Starlette(
         routes=[*native_routes(ctx), *openai_routes(ctx)],
         exception_handlers={
             HTTPException: http_error,
-            BodyTooLarge: too_large,
             Exception: internal,
         },
     )

@@ -24,7 +24,7 @@ from .live import run_samples
 from .outputs import error_body, merge_updates, sample_json, sse
 from .schema import parse_generate
 
-__all__ = ["guarded", "native_routes"]
+__all__ = ["guarded", "internal_error", "native_routes"]
 
 _log = logging.getLogger("spec_tot.serve")
 
@@ -144,11 +144,17 @@ def guarded(
         except ValueError as exc:
             return JSONResponse(error_body(str(exc)), status_code=400)
         except Exception as exc:
-            _log.exception("spec-tot serve: internal error")
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            return JSONResponse(error_body(message, None, 500), status_code=500)
+            return internal_error(exc)
 
     return run
+
+
+def internal_error(exc: Exception) -> Response:
+    """A server fault, never an input error (those are 4xx): logged, answered as a JSON 500
+    that says what went wrong."""
+    _log.exception("spec-tot serve: internal error")
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    return JSONResponse(error_body(message, None, 500), status_code=500)
 
 
 async def _stream(

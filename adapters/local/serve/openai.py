@@ -18,13 +18,12 @@ from starlette.routing import Route
 from spec_tot.errors import ConfigError
 from spec_tot.requests import Completion, FinishReason, GenerateRequest, GenerateResult
 
-from ..._common import sample_seed
 from .context import ServeContext, read_json
 from .fields import Inert, check_known, opt_bool, opt_float, opt_int, stop_strings, token_ids
 from .live import run_samples
 from .native import guarded
 from .outputs import error_body, merge_updates, sse
-from .schema import sampling_params
+from .schema import sample_sampling, sampling_params
 
 __all__ = ["openai_routes"]
 
@@ -194,11 +193,10 @@ async def _respond(
     requests = []
     for i, p in enumerate(prompts):
         for j in range(n):
-            seed = None if sampling.seed is None else sample_seed(sampling.seed, j)
             requests.append(
                 GenerateRequest(
                     request_id=f"{live_id}-{i}-{j}",
-                    sampling=sampling.__class__(**{**_fields(sampling), "seed": seed}),
+                    sampling=sample_sampling(sampling, j),
                     prompt=p if isinstance(p, str) else None,
                     prompt_ids=None if isinstance(p, str) else p,
                 )
@@ -216,10 +214,6 @@ async def _respond(
     usage = _usage(results, n)
     kind = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": kind, "choices": choices, "usage": usage})
-
-
-def _fields(sampling: Any) -> dict[str, Any]:
-    return {f: getattr(sampling, f) for f in sampling.__slots__}
 
 
 def _choice(index: int, c: Completion, chat: bool) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,18 +106,18 @@ def sse(payload: Any) -> bytes:
 
 
 async def _one(
-    backend: LocalBackend, index: int, request: GenerateRequest
+    backend: LocalBackend,
+    index: int,
+    request: GenerateRequest,
+    prompt_tokens: Callable[[GenerateRequest], int],
 ) -> AsyncIterator[Update]:
     """The engine's per-token updates of one sample (cumulative text and ids)."""
-    prompt_tokens = 0
     async for up in backend.stream(request):
         result = None
         if up.completion is not None:
-            if not prompt_tokens:  # the stream carries no usage: count the prompt once
-                ids = request.prompt_ids
-                prompt_tokens = len(ids) if ids is not None else backend.count_tokens(
-                    request.prompt or "")  # fmt: skip
-            result = GenerateResult(request.request_id, (up.completion,), prompt_tokens)
+            # The stream carries no usage: the prompt is counted by merge_updates.
+            tokens = prompt_tokens(request)
+            result = GenerateResult(request.request_id, (up.completion,), tokens)
             yield Update(index, up.completion.text, up.completion.token_ids, result)
         else:
             yield Update(index, up.text, up.token_ids, None)
@@ -128,10 +128,20 @@ async def merge_updates(
 ) -> AsyncIterator[Update]:
     """Updates of every sample as they come (SGLang's ``_stream_batch_responses``)."""
     queue: asyncio.Queue[Update | BaseException | None] = asyncio.Queue()
+    counted: dict[str, int] = {}
+
+    def prompt_tokens(request: GenerateRequest) -> int:
+        # Tokenised on the event loop once per distinct prompt, not once per sample.
+        if request.prompt_ids is not None:
+            return len(request.prompt_ids)
+        text = request.prompt or ""
+        if text not in counted:
+            counted[text] = backend.count_tokens(text)
+        return counted[text]
 
     async def pump(index: int, request: GenerateRequest) -> None:
         try:
-            async for update in _one(backend, index, request):
+            async for update in _one(backend, index, request, prompt_tokens):
                 await queue.put(update)
         except Exception as exc:
             await queue.put(exc)

@@ -36,6 +36,7 @@ __all__ = [
     "is_nested",
     "parse_generate",
     "request_ids",
+    "sample_sampling",
 ]
 
 # SGLang sampling parameters the engine does not implement, at the values that change
@@ -173,13 +174,12 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
         width = len(str(n - 1))
         for j in range(n):
             rid = item_rids[i] if n == 1 else f"{item_rids[i]}_{j:0{width}d}"
-            seed = None if sampling.seed is None else sample_seed(sampling.seed, j)
             samples.append(
                 Sample(
                     rid,
                     GenerateRequest(
                         request_id=rid,
-                        sampling=sampling if j == 0 else _with_seed(sampling, seed),
+                        sampling=sample_sampling(sampling, j),
                         prompt=prompt if isinstance(prompt, str) else None,
                         prompt_ids=None if isinstance(prompt, str) else prompt,
                         # Reported as schedule_low_priority_values_first: <= 0 is committed.
@@ -206,8 +206,12 @@ def _logprobs(body: dict[str, Any], limits: Limits) -> Logprobs | None:
     )
 
 
-def _with_seed(sampling: SamplingParams, seed: int | None) -> SamplingParams:
-    return replace(sampling, seed=seed)
+def sample_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
+    """The sampling of sample ``index`` of a request's n samples: sample 0 (and any sample
+    without a seed) is the request's own; the others get ``sample_seed``'s derived seed."""
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=sample_seed(sampling.seed, index))
 
 
 def sampling_params(field: str, **values: Any) -> SamplingParams:
