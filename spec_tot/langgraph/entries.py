@@ -5,12 +5,15 @@ real tasks (node and input, on the node's ``reads``), and which task emitted eac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from dataclasses import dataclass
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
 from typing import Any
 
 from spec_tot.branch import BranchContext
-from spec_tot.langgraph._pregel import TASKS, PregelExecutableTask, World
+from spec_tot.langgraph._pregel import PregelExecutableTask, sends_in
+from spec_tot.langgraph.replay import EventLog
 from spec_tot.langgraph.roles import NodeRole
 from spec_tot.langgraph.slots import Lease
 
@@ -23,17 +26,15 @@ class SendOwners:
     def __init__(self) -> None:
         self._owners: dict[int, tuple[Any, str]] = {}
 
-    def record(self, task: PregelExecutableTask, owner: str) -> None:
-        for chan, value in task.writes:
-            if chan == TASKS:
-                self._owners[id(value)] = (value, owner)  # keep the Send alive: ids stay unique
+    def record(self, writes: Iterable[tuple[str, Any]], owner: str) -> None:
+        for send in sends_in(writes):
+            self._owners[id(send)] = (send, owner)  # keep the Send alive: ids stay unique
 
-    def parent(self, world: World, task: PregelExecutableTask) -> str | None:
+    def parent(self, sends: Sequence[Any], task: PregelExecutableTask) -> str | None:
+        """The owner of the ``Send`` that started ``task``, given the step's pending
+        ``sends`` (a push task's path indexes them)."""
         path = task.path
-        if len(path) < 2 or not isinstance(path[1], int):
-            return None
-        sends = world.pending_sends()
-        if path[1] >= len(sends):
+        if len(path) < 2 or not isinstance(path[1], int) or path[1] >= len(sends):
             return None
         hit = self._owners.get(id(sends[path[1]]))
         return hit[1] if hit is not None else None
@@ -53,7 +54,13 @@ class Entry:
     exact: bool  # predicted from the real partial pool through complete steps only
     parent: str | None
     started_s: float
+    log: EventLog = field(default_factory=EventLog)
+    pool: Executor | None = None  # where a sync node function runs
     future: asyncio.Task[Any] | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # the run ended
+    threads: list[Future[Any]] = field(default_factory=list)  # its sync calls on threads
+    output: Any = None  # a private copy of what the node returned
+    has_output: bool = False
     adopted: bool = False
     cancelled: bool = False
     lease: Lease | None = None  # the slot it runs in (spec_tot.langgraph.slots)
@@ -72,7 +79,13 @@ class Entry:
     @property
     def ok(self) -> bool:
         f = self.future
-        return f is not None and f.done() and not f.cancelled() and f.exception() is None
+        return (
+            f is not None
+            and f.done()
+            and not f.cancelled()
+            and f.exception() is None
+            and self.has_output
+        )
 
     @property
     def failed(self) -> bool:
