@@ -264,3 +264,28 @@ async def test_chat_spec_tot_requests_carry_the_branch_identity() -> None:
     if cancelled:  # a cancelled branch is aborted on the backend by its prefix
         assert any(p.startswith(f"{run}/spec") for p in backend.abort_prefixes)
     assert backend.num_inflight == 0
+
+
+async def test_a_cancelled_run_leaves_no_speculative_task_or_model_call() -> None:
+    """Cancelled while speculative requests are in flight (the 1st, 2nd, ... moment one
+    is): no request, no speculative slot, no task of the run is left."""
+    from conftest import RecordingBackend
+
+    from spec_tot.adapters.scripted import ScriptedConfig
+    from spec_tot.chat_spec_tot import ChatSpecTot
+
+    for nth in (1, 2, 4):
+        config = ScriptedConfig(token_latency_s=0.002, straggler_rate=0.5, mean_tokens=8)
+        backend = RecordingBackend(config)
+        app = from_langgraph(_chat_graph(ChatSpecTot(backend=backend, seed=4)))
+        task = asyncio.ensure_future(app.ainvoke({"question": "q"}))
+        async with asyncio.timeout(10):
+            while sum("/spec" in rid for rid in backend.request_ids) < nth:
+                await asyncio.sleep(0.001)
+        assert backend.num_inflight > 0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert backend.num_inflight == 0  # every request, speculative or real, ended
+        assert speculation_of(app).slots.used == 0
+        assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
