@@ -21,6 +21,7 @@ from typing import Any
 import langgraph.version
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.base import BaseChannel
+from langgraph.channels.binop import BinaryOperatorAggregate
 from langgraph.checkpoint.base import Checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.constants import START
@@ -42,6 +43,7 @@ try:
         TASKS,
     )
     from langgraph._internal._runnable import RunnableSeq
+    from langgraph.channels.delta import DeltaChannel
     from langgraph.pregel._algo import PregelTaskWrites, apply_writes, prepare_next_tasks
     from langgraph.pregel._loop import AsyncPregelLoop, PregelLoop, SyncPregelLoop
     from langgraph.pregel._read import DEFAULT_BOUND, PregelNode
@@ -242,7 +244,7 @@ class World:
         }
         return World(
             checkpoint=checkpoint,
-            channels={k: ch.copy() for k, ch in self.channels.items()},
+            channels={k: _own_copy(ch) for k, ch in self.channels.items()},
             managed=self.managed,
             nodes=self.nodes,
             trigger_to_nodes=self.trigger_to_nodes,
@@ -292,6 +294,19 @@ class World:
     def pending_sends(self) -> list[Any]:
         chan = self.channels.get(TASKS)
         return list(chan.get()) if chan is not None and chan.is_available() else []
+
+
+def _own_copy(channel: BaseChannel[Any, Any, Any]) -> BaseChannel[Any, Any, Any]:
+    """A copy of a channel for a fork. A reducer channel's copy shares its accumulated value
+    with the original, and a reducer may extend that value in place (``a.extend(b); return
+    a``): the fork gets its own container (a shallow copy; a reducer that mutates the
+    objects inside it in place is not isolated, as LangGraph's own fresh reads are not)."""
+    own = channel.copy()
+    if isinstance(own, BinaryOperatorAggregate | DeltaChannel) and isinstance(
+        own.value, list | dict | set
+    ):
+        own.value = copy.copy(own.value)
+    return own
 
 
 def pending_sends(loop: PregelLoop) -> list[Any]:
