@@ -118,13 +118,13 @@ async def test_callbacks_show_exactly_langgraphs_calls() -> None:
     assert seen["baseline"] == seen["langgraph"]
     assert seen["full"][0] == seen["langgraph"][0]  # adopted calls shown as the real task's
     assert seen["full"][1] >= len(seen["full"][0])  # calls made ahead and dropped: not shown
-    result = await arun(
-        from_langgraph(tot.build_tot_graph(tot.tot_model(seed=2, **FAST))),
-        {"problem": "2 3 5 12"},
-        RUN,
-        context=CONTEXT,
-    )
-    assert result.metrics.adopted > 0  # the calls shown include adopted speculative ones
+    # The calls shown include adopted speculative ones (stragglers make room for them).
+    adopted = 0
+    for problem in puzzles(5, seed=3):
+        llm = tot.tot_model(seed=2, min_latency_s=0.002, max_latency_s=0.03)
+        result = await arun(from_langgraph(tot.build_tot_graph(llm)), {"problem": problem}, RUN)
+        adopted += result.metrics.adopted
+    assert adopted > 0
 
 
 # -- side effects: never on a speculative or cancelled branch -----------------------------

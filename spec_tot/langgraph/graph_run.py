@@ -177,6 +177,10 @@ class SpeculationPlan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "threads", SharedThreads(self.slots.threads))
 
+    def forget(self, loop: PregelLoop) -> None:
+        with self._lock:
+            self._runs.pop(loop, None)
+
     def run_for(self, config: RunnableConfig | None) -> GraphRun | None:
         """The run of the loop whose task this config is (started on first sight)."""
         loop = loop_of(config)
@@ -351,26 +355,32 @@ class GraphRun:
             self.host.call_soon(fn, *args)
 
     # -- the end --------------------------------------------------------------------------
+    def _release(self) -> None:
+        """Let go of the loop's objects (a task's config reaches the loop: a run kept for its
+        figures must not keep LangGraph's loop alive) and leave the plan's table."""
+        self._view = None
+        loop = self.pregel()
+        if loop is not None:
+            self.plan.forget(loop)
+
     async def aclose(self) -> None:
         """Cancel what is still speculative and wait until nothing of it runs."""
         self.closing = True
-        self._view = None  # the steps' states and tasks: no longer needed
+        self._release()
         spec = self.speculator
         if spec is not None:
-            await spec.close()
+            # A thread cannot be interrupted: a cancelled speculative sync call still in
+            # one finishes there, detached (its output reaches nothing; its model request
+            # was aborted with its branch). The run does not wait for it: that would add
+            # the slowest wasted call to every run's latency. ``SharedThreads.drain`` waits.
+            self.plan.threads.detach(await spec.close())
         self.plan.totals.add(self.metrics())
-        if spec is None:
-            return
-        # A thread cannot be interrupted: a cancelled speculative sync call still in one
-        # finishes there, detached (its output reaches nothing; its model request was
-        # aborted with its branch). The run does not wait for it: that would add the
-        # slowest wasted call to every run's latency. ``SharedThreads.drain`` waits.
-        self.plan.threads.detach(t for t in spec.threads() if not t.done())
 
     def close(self) -> None:
         """``aclose`` for a sync run (on the run's own loop thread)."""
         self.closing = True
         if self.host is None:
+            self._release()
             self.plan.totals.add(self.metrics())
             return
         try:

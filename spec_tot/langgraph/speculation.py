@@ -27,7 +27,7 @@ import copy
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,8 +154,9 @@ class Speculator:
         if view is self._view:
             self._schedule()
 
-    async def close(self) -> None:
-        """Cancel everything still speculative and wait until nothing is left running."""
+    async def close(self) -> list[Future[Any]]:
+        """Cancel everything still speculative and wait until no task of it is left; returns
+        the calls of its sync nodes still on a thread (a thread cannot be interrupted)."""
         with self._lock:
             self._closed = True
             self._view = None
@@ -175,12 +176,10 @@ class Speculator:
             await asyncio.wait(self._aborts)
         for entry in self.entries:
             self._finish_record(entry)
-        self.entries = []
+        threads = [f for e in self._every for f in e.threads if not f.done()]
+        self.entries, self._every, self._adopting = [], [], {}
         self.slots.close()
-
-    def threads(self) -> list[Any]:
-        """The thread calls of this run's speculative sync nodes (some may still run)."""
-        return [f for e in [*self.entries, *self._every] for f in e.threads]
+        return threads
 
     def _pure(self, task: PregelExecutableTask) -> bool:
         role = self.roles.get(task.name)
