@@ -25,7 +25,10 @@ none to give.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +68,17 @@ class SpeculationSlots:
             return self.limit
         return None if self.hubs else DEFAULT_OWN_SLOTS
 
+    # Busy Python: above this share of one core, the process's Python runs at the GIL's
+    # pace, and a speculative task's Python (LangChain's own, per model call) only slows
+    # the committed path down.
+    max_cpu_share: float = 0.85
+    _cpu: _CpuMeter = field(default_factory=lambda: _CpuMeter())
+
     @property
     def idle(self) -> bool:
-        return self.lag_s <= self.max_lag_s
+        """Whether speculation may start a task now: the event loop keeps time (its
+        scheduled prediction passes start on time) and the process's Python has room."""
+        return self.lag_s <= self.max_lag_s and self._cpu.share() <= self.max_cpu_share
 
     def observe_lag(self, seconds: float) -> None:
         self.lag_s = 0.8 * self.lag_s + 0.2 * max(0.0, seconds)
@@ -94,6 +105,30 @@ class SpeculationSlots:
 
     def for_run(self, key: str) -> RunSlots:
         return RunSlots(self, key)
+
+
+class _CpuMeter:
+    """The process's CPU time per wall second (all threads), over the last ~0.2 s,
+    sampled at most every 20 ms."""
+
+    def __init__(self, window_s: float = 0.2) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        now = time.perf_counter(), time.process_time()
+        self._samples: collections.deque[tuple[float, float]] = collections.deque([now])
+        self._share = 0.0
+
+    def share(self) -> float:
+        with self._lock:
+            wall, cpu = time.perf_counter(), time.process_time()
+            if wall - self._samples[-1][0] >= 0.02:
+                self._samples.append((wall, cpu))
+                while len(self._samples) > 2 and wall - self._samples[1][0] >= self.window_s:
+                    self._samples.popleft()
+                w0, c0 = self._samples[0]
+                if wall > w0:
+                    self._share = (cpu - c0) / (wall - w0)
+            return self._share
 
 
 @dataclass(eq=False)
