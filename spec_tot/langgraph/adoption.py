@@ -33,7 +33,7 @@ from spec_tot.langgraph.roles import NodeRole
 
 if TYPE_CHECKING:
     from spec_tot.langgraph.entries import Entry
-    from spec_tot.langgraph.graph_run import SpeculationPlan
+    from spec_tot.langgraph.plan import SpeculationPlan
 
 __all__ = ["AdoptingNode", "SpeculativeNode", "TaskObserver", "speculating"]
 

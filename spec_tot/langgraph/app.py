@@ -27,7 +27,8 @@ from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError, UnknownNameError
 from spec_tot.langgraph._pregel import Pregel, rewire_nodes
 from spec_tot.langgraph.adoption import AdoptingNode, SpeculativeNode, TaskObserver
-from spec_tot.langgraph.graph_run import RunClaim, SpeculationPlan, run_claim
+from spec_tot.langgraph.graph_run import RunClaim, run_claim
+from spec_tot.langgraph.plan import SpeculationPlan
 from spec_tot.langgraph.results import LangGraphMetrics, LangGraphResult
 from spec_tot.langgraph.roles import roles_of
 from spec_tot.langgraph.slots import SpeculationSlots

@@ -23,6 +23,7 @@ class StepView:
     sends: list[Any]  # the step's pending Sends (a push task's path indexes them)
     started_s: float
     rids: dict[str, str] = field(default_factory=dict)
+    null: list[PregelExecutableTask] | None = None  # its null step, once a pass needed it
     _finished: dict[str, list[Any]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
