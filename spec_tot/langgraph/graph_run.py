@@ -102,7 +102,7 @@ class GraphRun:
             run.speculator = Speculator(
                 roles=plan.roles,
                 config=speculative_base(pregel.config),
-                slots=plan.slots.for_run(run.prefix),
+                slots=plan.slots.for_run(run.prefix, shares_loop=host is None),
                 max_depth=plan.max_depth,
                 strict=plan.strict,
                 prefix=run.prefix,

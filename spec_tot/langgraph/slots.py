@@ -74,11 +74,14 @@ class SpeculationSlots:
     max_cpu_share: float = 0.85
     _cpu: _CpuMeter = field(default_factory=lambda: _CpuMeter())
 
-    @property
-    def idle(self) -> bool:
-        """Whether speculation may start a task now: the event loop keeps time (its
-        scheduled prediction passes start on time) and the process's Python has room."""
-        return self.lag_s <= self.max_lag_s and self._cpu.share() <= self.max_cpu_share
+    def idle(self, shares_loop: bool = True) -> bool:
+        """Whether speculation may start a task now: the process's Python has room, and
+        (``shares_loop``: the run's real tasks share the speculator's event loop, as an
+        async run's do) that loop keeps time (its scheduled prediction passes start on
+        time). A sync run speculates on a loop of its own, whose lag slows no real task."""
+        if self._cpu.share() > self.max_cpu_share:
+            return False
+        return not shares_loop or self.lag_s <= self.max_lag_s
 
     def observe_lag(self, seconds: float) -> None:
         self.lag_s = 0.8 * self.lag_s + 0.2 * max(0.0, seconds)
@@ -103,8 +106,8 @@ class SpeculationSlots:
             self.hubs.append(hub)
         return hub
 
-    def for_run(self, key: str) -> RunSlots:
-        return RunSlots(self, key)
+    def for_run(self, key: str, shares_loop: bool = True) -> RunSlots:
+        return RunSlots(self, key, shares_loop)
 
 
 class _CpuMeter:
@@ -169,8 +172,17 @@ class RunSlots:
 
     app: SpeculationSlots
     key: str
+    shares_loop: bool = True  # the run's real tasks run on the speculator's loop
     joined: list[BackendHub] = field(default_factory=list)
     closed: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return self.app.idle(self.shares_loop)
+
+    def observe_lag(self, seconds: float) -> None:
+        if self.shares_loop:  # only a loop real tasks share says anything of their delay
+            self.app.observe_lag(seconds)
 
     def acquire(self, utility: float, reserve: bool) -> Lease | None:
         """A slot for one new speculative task, or None (no room, or the loop lags).
@@ -178,7 +190,7 @@ class RunSlots:
         budget now, so that the launches of one pass see each other."""
         app = self.app
         cap = app.cap
-        if self.closed or not app.idle or (cap is not None and app.used >= cap):
+        if self.closed or not self.idle or (cap is not None and app.used >= cap):
             return None
         hubs = list(app.hubs) if reserve else []
         for hub in hubs:

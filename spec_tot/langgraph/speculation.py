@@ -165,7 +165,7 @@ class Speculator:
             self._passing = self.loop.create_task(self._passes(self.loop.time()))
 
     async def _passes(self, scheduled: float) -> None:
-        self.slots.app.observe_lag(self.loop.time() - scheduled)
+        self.slots.observe_lag(self.loop.time() - scheduled)
         # One pass at a time; events during a pass ask for one more after it.
         while self._dirty and not self.closed:
             self._dirty.clear()
@@ -201,8 +201,8 @@ class Speculator:
         self, world: World, task: PregelExecutableTask, key: Any, exact: bool
     ) -> Entry | None:
         """Start ``task`` (prepared on ``world``) speculatively, if a slot is free."""
-        if not self.slots.app.idle:
-            return None  # the loop is busy: speculation would slow the real path down
+        if not self.slots.idle:
+            return None  # busy: speculation would slow the real path down
         utility = EXACT_UTILITY if exact else DEEP_UTILITY
         role = self.roles.get(task.name)
         reserve = role is not None and role.kind == "thought"
