@@ -38,6 +38,8 @@ import torch
 
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
+from .config import cache_root
+
 __all__ = [
     "CalibrationCache",
     "calibrate_engine",
@@ -224,12 +226,7 @@ class CalibrationCache:
     """One JSON file per calibration key under the user cache directory."""
 
     def __init__(self, root: str | Path | None = None) -> None:
-        if root is None:
-            root = (
-                os.environ.get("SPEC_TOT_CACHE_DIR")
-                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
-            )
-        self.root = Path(root) / "calibration"
+        self.root = Path(root if root is not None else cache_root()) / "calibration"
 
     def key(self, kind: str, what: dict[str, Any]) -> str:
         blob = json.dumps(

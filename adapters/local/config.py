@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = [
     "EngineConfig",
     "PrmConfig",
     "SyntheticWorkload",
+    "cache_root",
     "check_model_folder",
     "resolve_device",
     "resolve_dtype",
@@ -129,6 +131,16 @@ class EngineConfig:
         sat = self.saturation_batch
         if sat is not None and (not isinstance(sat, int) or isinstance(sat, bool) or sat < 1):
             raise ConfigError("saturation_batch", f"must be an int >= 1, got {sat!r}")
+
+
+def cache_root() -> Path:
+    """The project's cache directory: ``$SPEC_TOT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/spec-tot``, else ``~/.cache/spec-tot`` (calibration, fetched models;
+    never inside the installed package)."""
+    given = os.environ.get("SPEC_TOT_CACHE_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
 
 
 def check_model_folder(path: str | Path, field: str, needs: Sequence[str] = ()) -> Path:
