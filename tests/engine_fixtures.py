@@ -179,7 +179,7 @@ async def make_backend(tiny_llama: Path) -> Any:
 
     yield make
     for backend in backends:
-        if not backend.closed:
+        if backend.running:
             await assert_backend_free(backend)
         await backend.aclose()
 

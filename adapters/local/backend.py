@@ -199,6 +199,19 @@ class LocalBackend(GenerationBackend, RewardBackend):
         prm = self.prm
         return prm.tokenizer if prm is not None else self._tokenizer("prm", info.folder, 0)
 
+    def render_chat(self, messages: Seq[Any]) -> str:
+        """One prompt from chat messages (``{"role", "content"}`` dicts or LangChain
+        messages) with the model's own chat template, its generation prompt appended;
+        ``role: content`` lines when the model has no template. Give it as ``ChatSpecTot``'s
+        ``to_prompt`` for an instruction-tuned model."""
+        plain = [_role_content(m) for m in messages]
+        tokenizer = self.tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            return str(
+                tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+            )
+        return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant:"
+
     def _tokenizer(self, role: str, folder: str | None, vocab_size: int) -> Any:
         tok = self._tokenizers.get(role)
         if tok is None:
@@ -265,6 +278,11 @@ class LocalBackend(GenerationBackend, RewardBackend):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def running(self) -> bool:
+        """Whether a core is up now (none before first use, after a crash, after close)."""
+        return any(slot.current() is not None for slot in self._slots)
 
     @property
     def num_inflight(self) -> int:
@@ -409,6 +427,16 @@ def _close_all(slots: list[_Slot]) -> None:
         link = slot.link
         if link is not None and link.alive:
             link.close()
+
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def _role_content(message: Any) -> dict[str, str]:
+    if isinstance(message, dict):
+        return {"role": str(message["role"]), "content": str(message.get("content") or "")}
+    role = _ROLES.get(getattr(message, "type", ""), "user")
+    return {"role": role, "content": str(getattr(message, "content", ""))}
 
 
 def _final_update(request_id: str, index: int, completion: Completion) -> StreamUpdate:
