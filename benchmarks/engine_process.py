@@ -131,7 +131,8 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
     parts = []
     for key, ratio in result["vs_thread"].items():
         lo, hi = ratio["ci95"]
-        cv_p, cv_t = result["cells"][key]["cv"], result["cells"]["thread@" + key.split("@")[1]]["cv"]
+        cv_p = result["cells"][key]["cv"]
+        cv_t = result["cells"]["thread@" + key.split("@")[1]]["cv"]
         parts.append(f"{key} {ratio['median']:.2f}x thread [{lo:.2f}, {hi:.2f}] "
                      f"cv {cv_p:.3f} vs {cv_t:.3f}")  # fmt: skip
     result["summary"] = "main job: " + "; ".join(parts)
@@ -197,7 +198,7 @@ def run_gil(args: argparse.Namespace) -> dict[str, Any]:
     result: dict[str, Any] = {"cells": {k: _cell(v) for k, v in runs.items()}, "busy_vs_alone": {}}
     for kind in kinds:
         result["busy_vs_alone"][kind] = _ratio(runs[f"{kind}@{args.burn_ms}"], runs[f"{kind}@0.0"])
-    result["summary"] = "GIL (burn %.0f ms of 4): " % args.burn_ms + "; ".join(
+    result["summary"] = f"GIL (burn {args.burn_ms:.0f} ms of 4): " + "; ".join(
         f"{k} {r['median']:.2f}x alone [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
         for k, r in result["busy_vs_alone"].items()
     )
@@ -226,8 +227,11 @@ def run_start(args: argparse.Namespace) -> dict[str, Any]:
     diffs = [a - b for a, b in zip(runs["process"], runs["thread"], strict=True)]
     result = {
         "cells": {k: _cell(v) for k, v in runs.items()},
-        "process_minus_thread_s": {"values": diffs, "median": statistics.median(diffs),
-                                   "ci95": bootstrap(diffs)},  # fmt: skip
+        "process_minus_thread_s": {
+            "values": diffs,
+            "median": statistics.median(diffs),
+            "ci95": bootstrap(diffs),
+        },
     }
     d = result["process_minus_thread_s"]
     result["summary"] = (
@@ -252,8 +256,12 @@ def main() -> None:
     run = {"main": run_main, "gil": run_gil, "start": run_start}[args.scenario]
     load = os.getloadavg()
     result = run(args)
-    result.update(scenario=args.scenario, args=vars(args) | {"json": str(args.json)},
-                  load_before=load, load_after=os.getloadavg())  # fmt: skip
+    result.update(
+        scenario=args.scenario,
+        args=vars(args) | {"json": str(args.json)},
+        load_before=load,
+        load_after=os.getloadavg(),
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1, default=str))
     print(result["summary"])

@@ -212,10 +212,12 @@ def convert_gguf(gguf_path: str | Path, out: str | Path) -> Path:
         settings = work / "tokenizer_config.json"  # the class every transformers >= 4 knows
         saved = json.loads(settings.read_text())
         settings.write_text(json.dumps({**saved, "tokenizer_class": "PreTrainedTokenizerFast"}))
-        (work / "SOURCE.json").write_text(
-            json.dumps({"gguf": Path(gguf_path).name, "name": _field(reader, "general.name"),
-                        "license": _field(reader, "general.license")}, indent=1)  # fmt: skip
-        )
+        source = {
+            "gguf": Path(gguf_path).name,
+            "name": _field(reader, "general.name"),
+            "license": _field(reader, "general.license"),
+        }
+        (work / "SOURCE.json").write_text(json.dumps(source, indent=1))
         if folder.exists():
             shutil.rmtree(folder)
         work.rename(folder)

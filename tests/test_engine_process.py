@@ -136,7 +136,7 @@ async def test_a_start_error_names_the_field(make_backend: Any, tmp_path: Path) 
     with pytest.raises(ConfigError) as info:
         await backend.generate(GenerateRequest("a", SamplingParams(), prompt="x"))
     assert info.value.field == "model" and "gpt2" in str(info.value)
-    with pytest.raises(ConfigError, match="no config.json"):
+    with pytest.raises(ConfigError, match=r"no config\.json"):
         make_backend(policy_path=str(tmp_path))  # refused before anything starts
 
 
@@ -155,7 +155,9 @@ async def test_a_spawned_core_serves_like_a_forked_one(make_backend: Any) -> Non
     texts = []
     for launcher in ("spawn", "fork"):
         backend = make_backend(launcher=launcher)
-        texts.append((await backend.generate(GenerateRequest("a", params, prompt="ab"))).completions)
+        texts.append(
+            (await backend.generate(GenerateRequest("a", params, prompt="ab"))).completions
+        )
     assert texts[0] == texts[1]
 
 

@@ -18,6 +18,7 @@ its socket closes and stops the cores it forked.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import select
 import signal
@@ -33,8 +34,8 @@ from .messages import (
     ErrorInfo,
     Exited,
     Fatal,
-    ForkRequest,
     Forked,
+    ForkRequest,
     OutputCodec,
     Start,
     StartFailed,
@@ -185,17 +186,13 @@ def _reap(children: set[int]) -> list[tuple[int, int]]:
 
 
 def _send(sock: socket.socket, data: bytes) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the backend is gone: the loop sees it next
         sock.send(data)
-    except OSError:
-        pass
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
 
 
 def _become(request: ForkRequest) -> None:
@@ -203,10 +200,8 @@ def _become(request: ForkRequest) -> None:
     started)."""
     os.environ.clear()
     os.environ.update(request.env)
-    try:
+    with contextlib.suppress(OSError):  # a folder gone meanwhile: the fork server's stays
         os.chdir(request.cwd)
-    except OSError:
-        pass
     sys.path[:] = request.sys_path
 
 

@@ -39,9 +39,14 @@ __all__ = [
     "CommandCodec",
     "Done",
     "ErrorInfo",
+    "Exited",
+    "Failed",
     "Fatal",
     "Flush",
     "FlushPrefixCache",
+    "ForkRequest",
+    "ForkServerMessage",
+    "Forked",
     "Inspect",
     "Output",
     "OutputCodec",
@@ -58,11 +63,6 @@ __all__ = [
     "StartFailed",
     "StepBatch",
     "Stop",
-    "Failed",
-    "ForkRequest",
-    "ForkServerMessage",
-    "Forked",
-    "Exited",
 ]
 
 PROTOCOL = 1
@@ -155,7 +155,17 @@ class Stop(msgspec.Struct, tag="stop", frozen=True):
 
 
 Command = (
-    Start | Add | Cancel | Abort | Flush | FlushPrefixCache | Score | Classify | Ping | Inspect | Stop
+    Start
+    | Add
+    | Cancel
+    | Abort
+    | Flush
+    | FlushPrefixCache
+    | Score
+    | Classify
+    | Ping
+    | Inspect
+    | Stop
 )
 
 

@@ -14,6 +14,7 @@ server per process (``ForkServer.shared``) or spawned as fresh interpreters.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -100,7 +101,9 @@ class CoreLink(ABC):
         for it; one that does not stop in ``timeout`` seconds is killed."""
 
 
-def start_link(start: Start, options: CoreOptions, on_output: OnOutput, on_exit: OnExit) -> CoreLink:
+def start_link(
+    start: Start, options: CoreOptions, on_output: OnOutput, on_exit: OnExit
+) -> CoreLink:
     """Start a core as ``options`` say and wait until it is ready (its start error is
     raised here: a ``ConfigError`` naming the field for a bad folder or option)."""
     if options.process:
@@ -283,10 +286,8 @@ class ProcessLink(CoreLink):
         self._conn.close()
 
     def _kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def _exit_code(self, timeout: float) -> int | None:
         if self._popen is not None:

@@ -50,7 +50,9 @@ class RequestValidator:
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.max_n = max_n
-        self.max_chars = max_chars if max_chars is not None else max_len * max_token_chars(tokenizer)
+        if max_chars is None:
+            max_chars = max_len * max_token_chars(tokenizer)
+        self.max_chars = max_chars
 
     def check_text(self, text: str, field: str = "prompt") -> None:
         if len(text) > self.max_chars:
