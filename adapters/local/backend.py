@@ -59,7 +59,7 @@ from .messages import (
     Score,
     Start,
 )
-from .proc import CoreLink, ForkServer, start_link, usable_cores
+from .proc import CoreLink, ForkServer, default_threads, start_link
 from .validate import RequestValidator
 
 __all__ = ["LocalBackend"]
@@ -91,7 +91,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
             raise ConfigError("policy_path", "give a policy model, a PRM, or both")
         self.options = options or CoreOptions()
         opts = self.options
-        threads = (opts.threads or usable_cores()) if opts.process else None
+        threads = (opts.threads or default_threads()) if opts.process else None
 
         def start(e: EngineConfig | None, p: PrmConfig | None) -> Start:
             return Start(PROTOCOL, e, p, cache_dir, threads, opts.hook)

@@ -236,8 +236,8 @@ class CoreOptions:
     ``process``: the scheduler, model runner, block manager, sampler and PRM run in a child
     process (the default), or, with False, in a worker thread of the caller's process (for
     debugging and for tests that reach into the engine). ``threads``: torch's intra-op
-    threads in the child (None: every core this process may use; the caller's own torch
-    setting is never touched). ``prm_process``: the PRM gets a child of its own instead of a
+    threads in the child (None: every core this process may use but one, left to the
+    caller; the caller's own torch setting is never touched). ``prm_process``: the PRM gets a child of its own instead of a
     thread beside the engine. ``launcher``: ``"fork"`` forks each child from a warm fork
     server (torch already imported: a start costs the model load only), ``"spawn"`` starts
     a fresh interpreter, ``"auto"`` forks on Linux. ``start_timeout_s`` bounds the start
