@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec_tot.errors import ConfigError
+from spec_tot.errors import BackendError, ConfigError
 
 __all__ = [
     "DTYPES",
@@ -145,8 +145,8 @@ def cache_root() -> Path:
 
 def check_model_folder(path: str | Path, field: str, needs: Sequence[str] = ()) -> Path:
     """``path`` as a Hugging Face folder: ``config.json``, at least one ``*.safetensors``
-    and every file of ``needs``; else a ``ConfigError`` naming ``field`` (cheap: it opens
-    nothing, so a typo costs no model load)."""
+    and every file of ``needs``; else a ``ConfigError`` naming ``field`` (cheap: it reads
+    only the weight files' headers, so a typo costs no model load)."""
     folder = Path(path)
     if not folder.is_dir():
         raise ConfigError(field, f"{folder} is not a folder")
@@ -162,8 +162,9 @@ def check_model_folder(path: str | Path, field: str, needs: Sequence[str] = ()) 
 
 
 def _check_safetensors(file: Path, field: str) -> None:
-    """The file's header parses and its tensors fit in it (a truncated or broken download
-    fails here, before any process starts, not in the middle of a model load)."""
+    """The file's header parses and its tensors fit in it: a truncated or broken download
+    fails here (a ``BackendError``: the option is right, the file is not), before any
+    process starts, not in the middle of a model load."""
     import json
     import struct
 
@@ -179,9 +180,9 @@ def _check_safetensors(file: Path, field: str) -> None:
             default=0,
         )
     except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
-        raise ConfigError(field, f"{file} is not a readable safetensors file ({exc})") from None
+        raise BackendError("local", f"{file} is not a readable safetensors file ({exc})") from None
     if 8 + length + end > size:
-        raise ConfigError(field, f"{file} is truncated: {size} bytes, {8 + length + end} needed")
+        raise BackendError("local", f"{file} is truncated: {size} bytes, {8 + length + end} needed")
 
 
 def resolve_device(name: str) -> str:
@@ -237,10 +238,11 @@ class CoreOptions:
     process (the default), or, with False, in a worker thread of the caller's process (for
     debugging and for tests that reach into the engine). ``threads``: torch's intra-op
     threads in the child (None: every core this process may use but one, left to the
-    caller; the caller's own torch setting is never touched). ``prm_process``: the PRM gets a child of its own instead of a
-    thread beside the engine. ``launcher``: ``"fork"`` forks each child from a warm fork
-    server (torch already imported: a start costs the model load only), ``"spawn"`` starts
-    a fresh interpreter, ``"auto"`` forks on Linux. ``start_timeout_s`` bounds the start
+    caller; the caller's own torch setting is never touched). ``prm_process``: the PRM
+    gets a child of its own instead of a thread beside the engine. ``launcher``:
+    ``"fork"`` forks each child from a warm fork server (torch already imported: a start
+    costs the model load only), ``"spawn"`` starts a fresh interpreter, ``"auto"`` forks on
+    Linux. ``start_timeout_s`` bounds the start
     (model load and calibration included). ``hook``: ``"module:function"`` called with the
     ``EngineCore`` once it is built, in the process that runs it (instrumentation, tests).
     """
