@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import GenerateRequest, Priority, SamplingParams
+from spec_tot.requests import GenerateRequest, Priority, SamplingParams, check_text
 
 from ..._common import sample_seed
 from .fields import (
@@ -33,6 +33,7 @@ __all__ = [
     "Limits",
     "Logprobs",
     "Sample",
+    "check_samples",
     "is_nested",
     "parse_generate",
     "request_ids",
@@ -91,7 +92,7 @@ _TOP = {
     "return_text_in_logprobs",
     "no_logs", "custom_labels", "routing_key", "conversation_id", "extra_key",
 }  # fmt: skip
-MAX_SAMPLES = 4096  # per HTTP request (prompts x n)
+MAX_SAMPLES = 4096  # per HTTP request (prompts x n), unless ServeLimits says otherwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,7 @@ class Limits:
     vocab_size: int
     max_len: int  # prompt + output tokens
     max_prompt_chars: int  # a text longer than this cannot fit: refused before tokenising
+    max_samples: int = MAX_SAMPLES  # per request: prompts x n (ServeLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +158,7 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
     if len(ns) > 1:
         raise ConfigError("sampling_params.n", "must be the same for every prompt of a batch")
     n = ns.pop()
-    if count * n > MAX_SAMPLES:
-        raise ConfigError("sampling_params.n", f"{count} x {n} samples; at most {MAX_SAMPLES}")
+    check_samples(count, n, limits.max_samples, "sampling_params.n")
     batch = isinstance(body.get(key), list) and (key == "text" or is_nested(body.get(key)))
     item_rids = request_ids(body.get("rid"), count, batch)
     priority = opt_int(body, "priority", "priority", 0)
@@ -236,10 +237,12 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
         texts = text if isinstance(text, list) else [text]
         if not texts:
             raise ConfigError("text", "is an empty batch")
+        check_samples(len(texts), 1, limits.max_samples, "text")
         for i, t in enumerate(texts):
             field = f"text[{i}]" if isinstance(text, list) else "text"
             if not isinstance(t, str):
                 raise ConfigError(field, "expected a string")
+            check_text(t, field, allow_empty=False)
             if len(t) > limits.max_prompt_chars:
                 raise ConfigError(
                     field,
@@ -249,6 +252,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     if not isinstance(ids, list):
         raise ConfigError("input_ids", "expected a list of token ids or a list of such lists")
     rows = ids if is_nested(ids) else [ids]
+    check_samples(len(rows), 1, limits.max_samples, "input_ids")
     out: list[str | tuple[int, ...]] = []
     for i, row in enumerate(rows):
         field = f"input_ids[{i}]" if rows is ids else "input_ids"
@@ -257,6 +261,17 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
             raise ConfigError(field, f"{len(got)} tokens; the engine holds {limits.max_len}")
         out.append(got)
     return out, "input_ids"
+
+
+def check_samples(prompts: int, n: int, cap: int, field: str) -> None:
+    """``prompts x n`` samples within ``cap`` (``max_samples_per_request``), checked before
+    any sample is built: a ``ConfigError`` naming ``field`` and the limit."""
+    if prompts * n > cap:
+        raise ConfigError(
+            field,
+            f"{prompts} prompts x n={n} make {prompts * n} samples; this server's "
+            f"max_samples_per_request is {cap}",
+        )
 
 
 def request_ids(rid: Any, count: int, batch: bool) -> list[str]:
@@ -300,6 +315,6 @@ def _sampling(params: Any, limits: Limits, field: str) -> tuple[SamplingParams, 
         min_tokens=opt_int(params, "min_new_tokens", f + "min_new_tokens", 0, lo=0),
         ignore_eos=opt_bool(params, "ignore_eos", f + "ignore_eos", False),
     )
-    n = opt_int(params, "n", f + "n", 1, lo=1, hi=MAX_SAMPLES)
+    n = opt_int(params, "n", f + "n", 1, lo=1, hi=limits.max_samples)
     interval = opt_int(params, "stream_interval", f + "stream_interval", 1, lo=1)
     return sampling, n, interval
