@@ -269,7 +269,7 @@ def parse_serve_limits(pairs: Sequence[str] | None) -> Any:
     typed = typed_pairs(parse_pairs(pairs, "--limit"), _schema_of(limits_type), "--limit")
     try:
         limits = limits_type(**typed)
-        limits.connection_cap()
+        limits.connection_plan()
     except ConfigError as exc:
         message = str(exc).removeprefix(f"{exc.field}: ")
         raise ConfigError(f"--limit {exc.field}", message) from None

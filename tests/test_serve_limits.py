@@ -269,6 +269,9 @@ async def test_a_stream_whose_client_never_reads_is_aborted_and_its_kv_freed(
     got = await _closed_within(reader, 5)  # dropped, with whatever it never read
     assert got.startswith(b"HTTP/1.1 200")
     writer.close()
+    stats = app.state.serve.stream_stats
+    assert stats["stalled"] >= 1
+    assert LIMITS.stream_stall_s <= stats["max_stall_to_abort_s"] < LIMITS.stream_stall_s + 1
 
 
 # -- text rule -------------------------------------------------------------------------------

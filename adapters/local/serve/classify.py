@@ -84,7 +84,7 @@ def parse_classify(
     if not isinstance(rows, list) or not rows:
         kind = "a string" if key == "text" else "a list of token ids"
         raise ConfigError(key, f"expected {kind} or a non-empty list of them")
-    check_samples(len(rows), 1, max_samples, key)
+    check_samples(len(rows), None, max_samples, key)
     fields = tuple(key if single else f"{key}[{i}]" for i in range(len(rows)))
     prompts = tuple(
         _text(row, field, prm) if key == "text" else _ids(row, field, prm)

@@ -17,7 +17,7 @@ clients time out. ``GuardedH11Protocol`` (uvicorn's h11 protocol with a guard) f
 At ``max_connections`` a new connection closes the connection that has waited longest in
 ``HEAD`` or ``IDLE`` (so a flood of half-open sockets only ever evicts itself); when every
 connection runs a request, the new one gets a 503 and is closed. The cap is checked against
-the open-file limit at start-up (``ServeLimits.connection_cap``).
+the open-file limit at start-up (``ServeLimits.connection_plan``).
 
 Each request's ASGI scope carries ``scope["extensions"]["spec_tot.connection"]``, the
 connection's handle (``abort()``, ``set_write_limit()``), which ``streams.py`` uses to pause
@@ -246,7 +246,8 @@ def server_config(
     (default: the app's own, ``app.state.serve.limits``)."""
     if limits is None:
         limits = app.state.serve.serve_limits
-    guard = ConnectionGuard(limits, limits.connection_cap())
+    cap, backlog = limits.connection_plan()
+    guard = ConnectionGuard(limits, cap)
     app.state.connections = guard
     app.state.serve.connections = guard
     return uvicorn.Config(
@@ -258,6 +259,6 @@ def server_config(
         ws="none",  # no WebSocket routes: an upgrade must not leave the guard
         h11_max_incomplete_event_size=limits.max_header_bytes + _H11_SLACK,
         timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
-        backlog=2048,
+        backlog=backlog,
         **options,
     )

@@ -6,16 +6,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import GenerateRequest
 
 from ..backend import LocalBackend
-from .limits import Admission, ServeLimits, reserved_tokens
+from .limits import Admission, ServeLimits
 from .live import LiveRequests
 from .schema import Limits
 
@@ -50,6 +49,7 @@ class ServeContext:
         self.serve_limits = serve_limits or ServeLimits()
         self.admission = Admission(self.serve_limits)
         self.connections: Any = None  # the ConnectionGuard, once server_config serves this
+        self.stream_stats: dict[str, float] = {"stalled": 0, "max_stall_to_abort_s": 0.0}
         self.live = LiveRequests(backend)
         self.model_path = model_path
         self.model_name = model_name
@@ -126,11 +126,6 @@ class ServeContext:
                     pending.cancel()
             await asyncio.gather(task, gone, return_exceptions=True)
 
-    def admit(self, requests: Sequence[GenerateRequest], field: str) -> Callable[[], None]:
-        """Count ``requests`` in flight (``Admission.hold``); returns the release."""
-        tokens = reserved_tokens(requests, self.limits.max_len)
-        return self.admission.hold(len(requests), tokens, field)
-
     async def flush_prefix_cache(self) -> bool:
         return await self.backend.flush_prefix_cache()
 
@@ -197,6 +192,7 @@ class ServeContext:
                 "tokens": self.admission.tokens,
                 "body_bytes": self.admission.body_bytes,
             },
+            "streams": dict(self.stream_stats),
             "connections": None
             if self.connections is None
             else {

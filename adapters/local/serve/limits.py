@@ -20,17 +20,19 @@ a few special tokens, and counting costs no tokenising on the event loop).
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import GenerateRequest
 
-__all__ = ["Admission", "ServeLimits", "ServerBusy", "prompt_tokens", "reserved_tokens"]
+__all__ = ["Admission", "ServeLimits", "ServerBusy", "demand", "prompt_tokens"]
 
-# File descriptors kept free of connections: the engine, logs, the PRM and the accept that
-# makes room (a full table makes accept() fail, and asyncio then stops accepting for 1 s).
-FD_RESERVE = 128
+# File descriptors kept free of connections for the engine, logs and the PRM (an idle
+# server holds about 10). A full table makes accept() fail, and asyncio then stops accepting
+# for a second, so fresh clients time out: the cap leaves room for these and for two of
+# asyncio's accept bursts (it accepts up to ``backlog`` sockets before any of them reaches
+# the guard, and an evicted socket's descriptor closes one loop pass later).
+FD_OTHER = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,19 +41,19 @@ class ServeLimits:
 
     Per request (a 400 naming the limit): ``max_samples_per_request`` (prompts x n on
     ``/generate``, ``/v1/completions``, ``/v1/chat/completions``; prompts on ``/classify``),
-    ``max_body_bytes`` (a 413), ``max_header_bytes`` and ``max_header_count`` (a 431).
-    Server-wide (a 429 with ``Retry-After: retry_after_s``): ``max_inflight_samples``,
+    ``max_body_bytes`` (a 413), ``max_header_bytes`` and ``max_header_count`` (a 431). Server-
+    wide (a 429 with ``Retry-After: retry_after_s``): ``max_inflight_samples``,
     ``max_inflight_tokens`` (a request takes at most half of what is free of each),
-    ``max_buffered_body_bytes`` (bodies being read at once).
-    Connections: at most ``max_connections`` (None: the open-file limit less a reserve, at
-    most 2048); when full, a new connection closes the one that has waited longest without
-    a request running (half-sent headers, idle keep-alive), so floods cannot lock out
+    ``max_buffered_body_bytes`` (bodies being read at once). Connections: at most
+    ``max_connections`` (None: what the open-file limit leaves, at most 2048; see
+    ``connection_plan``); when full, a new connection closes the one that has waited longest
+    without a request running (half-sent headers, idle keep-alive), so floods cannot lock out
     clients that send a request. ``header_timeout_s``: a connection that has not sent a whole
     request head by then is closed; ``keep_alive_s``: an idle connection is closed;
-    ``body_timeout_s``: a body not received by then is a 408. Streams: a client that leaves
-    more than ``stream_buffer_bytes`` unread pauses its stream (updates coalesce: each event
-    carries the sample so far); one paused for ``stream_stall_s`` is aborted, its engine
-    work freed and its connection closed."""
+    ``body_timeout_s``: a body not received by then is a 408. Streams: a client that leaves more
+    than ``stream_buffer_bytes`` unread pauses its stream (updates coalesce: each event carries
+    the sample so far); one paused for ``stream_stall_s`` is aborted, its engine work freed and
+    its connection closed."""
 
     max_samples_per_request: int = 4096
     max_inflight_samples: int = 16384
@@ -93,26 +95,30 @@ class ServeLimits:
                 f"({self.max_buffered_body_bytes})",
             )
 
-    def connection_cap(self) -> int:
-        """``max_connections``, checked against this process's open-file limit."""
+    def connection_plan(self) -> tuple[int, int]:
+        """``(max_connections, listen backlog)``, checked against this process's open-file
+        limit: connections + two accept bursts + ``FD_OTHER`` fit within it."""
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        room = soft - FD_RESERVE if soft != resource.RLIM_INFINITY else 1 << 20
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        backlog = max(16, min(2048, soft // 16))
+        room = soft - 2 * backlog - FD_OTHER
         if self.max_connections is None:
             if room < 16:
                 raise ConfigError(
                     "max_connections",
                     f"the open-file limit ({soft}) leaves no room for connections; raise it "
-                    f"(ulimit -n) above {FD_RESERVE + 16}",
+                    f"(ulimit -n) to at least {2 * 16 + FD_OTHER + 16}",
                 )
-            return min(2048, room)
+            return min(2048, room), backlog
         if self.max_connections > room:
             raise ConfigError(
                 "max_connections",
                 f"{self.max_connections} connections need more file descriptors than the "
-                f"open-file limit ({soft}) leaves ({room} after {FD_RESERVE} held back); "
-                "raise ulimit -n or lower the limit",
+                f"open-file limit ({soft}) leaves: at most {room} (after {2 * backlog} for "
+                f"accepting and {FD_OTHER} for the rest); raise ulimit -n or lower the limit",
             )
-        return self.max_connections
+        return self.max_connections, backlog
 
 
 class ServerBusy(Exception):
@@ -129,18 +135,13 @@ def prompt_tokens(prompt: str | Sequence[int]) -> int:
     return len(prompt) if not isinstance(prompt, str) else len(prompt.encode("utf-8")) + 1
 
 
-def reserved_tokens(requests: Iterable[GenerateRequest], max_len: int) -> int:
-    """What ``requests`` may hold at most: each its prompt plus ``max_tokens``, capped at
-    the engine's sequence length (each distinct prompt measured once)."""
-    sizes: dict[int, int] = {}
-    total = 0
-    for r in requests:
-        prompt: str | Sequence[int] = r.prompt if r.prompt is not None else (r.prompt_ids or ())
-        key = id(prompt)
-        if key not in sizes:
-            sizes[key] = prompt_tokens(prompt)
-        total += min(max_len, sizes[key] + r.sampling.max_tokens) if max_len else sizes[key]
-    return total
+def demand(prompts: Sequence[str | Sequence[int]], max_tokens: Sequence[int], max_len: int) -> int:
+    """Tokens one sample of each prompt may hold at most: its prompt plus its
+    ``max_tokens``, capped at the engine's sequence length (0: no engine, prompts only)."""
+    return sum(
+        min(max_len, prompt_tokens(p) + m) if max_len else prompt_tokens(p)
+        for p, m in zip(prompts, max_tokens, strict=True)
+    )
 
 
 class Admission:

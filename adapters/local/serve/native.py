@@ -35,17 +35,25 @@ def native_routes(ctx: ServeContext) -> list[Route]:
     backend = ctx.backend
 
     async def generate(request: Request) -> Response:
-        batch = parse_generate(await ctx.read_json(request), ctx.limits)
-        release = ctx.admit([s.request for s in batch.samples], "sampling_params.max_new_tokens")
+        body = await ctx.read_json(request)
+        held: list[Callable[[], None]] = []
+
+        def admit(samples: int, tokens: int) -> None:
+            field = "sampling_params.max_new_tokens"
+            held.append(ctx.admission.hold(samples, tokens, field))
+
         try:
+            batch = parse_generate(body, ctx.limits, admit)
             engine_requests = ctx.live.claim(batch)
         except BaseException:
-            release()
+            for release in held:
+                release()
             raise
+        release = held[0]
         rids = [s.rid for s in batch.samples]
         if batch.stream:
             events = _stream(ctx, batch, engine_requests, rids)
-            return BoundedStream(events, ctx.serve_limits, release)
+            return BoundedStream(events, ctx.serve_limits, release, ctx.stream_stats)
         try:
             results = await ctx.until_disconnect(request, run_samples(backend, engine_requests))
         finally:

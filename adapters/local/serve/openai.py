@@ -26,6 +26,7 @@ from spec_tot.requests import (
 
 from .context import ServeContext
 from .fields import Inert, check_known, opt_bool, opt_float, opt_int, stop_strings, token_ids
+from .limits import demand
 from .live import run_samples
 from .native import guarded
 from .outputs import error_body, merge_updates, sse
@@ -212,27 +213,31 @@ async def _respond(
     if not isinstance(options, dict):
         raise ConfigError("stream_options", "expected an object")
     usage_chunk = opt_bool(options, "include_usage", "stream_options.include_usage", False)
-    live_id = f"openai-{uuid.uuid4().hex}"
-    requests = []
-    for i, p in enumerate(prompts):
-        for j in range(n):
-            requests.append(
-                GenerateRequest(
-                    request_id=f"{live_id}-{i}-{j}",
-                    sampling=sample_sampling(sampling, j),
-                    prompt=p if isinstance(p, str) else None,
-                    prompt_ids=None if isinstance(p, str) else p,
-                )
+    tokens = n * demand(prompts, [sampling.max_tokens] * len(prompts), limits.max_len)
+    release = ctx.admission.hold(len(prompts) * n, tokens, "max_tokens")  # before building
+    live_id = f"openai/{uuid.uuid4().hex}"  # one prefix abort stops all its samples
+    try:
+        requests = [
+            GenerateRequest(
+                request_id=f"{live_id}/{i}/{j}",
+                sampling=sample_sampling(sampling, j),
+                prompt=p if isinstance(p, str) else None,
+                prompt_ids=None if isinstance(p, str) else p,
             )
+            for i, p in enumerate(prompts)
+            for j in range(n)
+        ]
+    except BaseException:
+        release()
+        raise
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
         "created": int(time.time()),
         "model": name,
     }
-    release = ctx.admit(requests, "max_tokens")
     if stream:
         events = _events(ctx, requests, head, chat, usage_chunk, n)
-        return BoundedStream(events, ctx.serve_limits, release)
+        return BoundedStream(events, ctx.serve_limits, release, ctx.stream_stats)
     try:
         results = await ctx.until_disconnect(request, run_samples(ctx.backend, requests))
     finally:

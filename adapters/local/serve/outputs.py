@@ -12,6 +12,7 @@ from typing import Any
 from spec_tot.requests import Completion, FinishReason, GenerateRequest, GenerateResult
 
 from ..backend import LocalBackend
+from .live import engine_prefix
 
 __all__ = ["Update", "error_body", "finish_reason", "merge_updates", "sample_json", "sse"]
 
@@ -171,6 +172,8 @@ async def merge_updates(
             if not open_samples and not latest:
                 return
     finally:
+        if open_samples:  # stopped early: one prefix abort, not one engine scan per sample
+            await backend.abort(engine_prefix(requests))
         for task in tasks:
-            task.cancel()  # a cancelled sample is aborted in the engine by the backend
+            task.cancel()  # the backend drops what is left of each sample
         await asyncio.gather(*tasks, return_exceptions=True)

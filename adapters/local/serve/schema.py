@@ -10,6 +10,7 @@ does not implement is accepted only at its no-op default; anything else is a 400
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,6 +27,7 @@ from .fields import (
     stop_strings,
     token_ids,
 )
+from .limits import demand
 
 __all__ = [
     "MAX_SAMPLES",
@@ -136,8 +138,13 @@ _SGLANG_NAME = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_to
                 "min_new_tokens"}  # fmt: skip
 
 
-def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
-    """Validate a ``/generate`` body; a bad field raises ``ConfigError`` naming it."""
+def parse_generate(
+    body: Any, limits: Limits, admit: Callable[[int, int], None] | None = None
+) -> GenerateBatch:
+    """Validate a ``/generate`` body; a bad field raises ``ConfigError`` naming it.
+    ``admit(samples, tokens)`` is called once every field is checked and before any sample
+    is built (``Admission.hold``: a full server refuses a request for what it costs to
+    read, never for what it costs to build)."""
     if not isinstance(body, dict):
         raise ConfigError("body", "expected a JSON object")
     check_known(body, _TOP, _INERT_TOP)
@@ -147,13 +154,9 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
     if isinstance(params, list):
         if len(params) != count:
             raise ConfigError("sampling_params", f"{len(params)} entries for {count} prompts")
-        plist = params
+        parsed = [_sampling(p, limits, f"sampling_params[{i}]") for i, p in enumerate(params)]
     else:
-        plist = [params] * count
-    parsed = [
-        _sampling(p, limits, "sampling_params" + (f"[{i}]" if isinstance(params, list) else ""))
-        for i, p in enumerate(plist)
-    ]
+        parsed = [_sampling(params, limits, "sampling_params")] * count
     ns = {n for _, n, _ in parsed}
     if len(ns) > 1:
         raise ConfigError("sampling_params.n", "must be the same for every prompt of a batch")
@@ -169,6 +172,9 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
             (replace(sp, logprobs=logprobs.top, logprob_token_ids=logprobs.given), n_, k)
             for sp, n_, k in parsed
         ]
+    if admit is not None:
+        max_tokens = [sp.max_tokens for sp, _, _ in parsed]
+        admit(count * n, n * demand(prompts, max_tokens, limits.max_len))
     samples = []
     for i, prompt in enumerate(prompts):
         sampling, _, interval = parsed[i]
@@ -237,7 +243,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
         texts = text if isinstance(text, list) else [text]
         if not texts:
             raise ConfigError("text", "is an empty batch")
-        check_samples(len(texts), 1, limits.max_samples, "text")
+        check_samples(len(texts), None, limits.max_samples, "text")
         for i, t in enumerate(texts):
             field = f"text[{i}]" if isinstance(text, list) else "text"
             if not isinstance(t, str):
@@ -252,7 +258,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     if not isinstance(ids, list):
         raise ConfigError("input_ids", "expected a list of token ids or a list of such lists")
     rows = ids if is_nested(ids) else [ids]
-    check_samples(len(rows), 1, limits.max_samples, "input_ids")
+    check_samples(len(rows), None, limits.max_samples, "input_ids")
     out: list[str | tuple[int, ...]] = []
     for i, row in enumerate(rows):
         field = f"input_ids[{i}]" if rows is ids else "input_ids"
@@ -263,14 +269,15 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     return out, "input_ids"
 
 
-def check_samples(prompts: int, n: int, cap: int, field: str) -> None:
+def check_samples(prompts: int, n: int | None, cap: int, field: str) -> None:
     """``prompts x n`` samples within ``cap`` (``max_samples_per_request``), checked before
-    any sample is built: a ``ConfigError`` naming ``field`` and the limit."""
-    if prompts * n > cap:
+    any sample is built (``n`` None: not read yet, at least 1): a ``ConfigError`` naming
+    ``field`` and the limit."""
+    if prompts * (n or 1) > cap:
+        made = f"x n={n} make {prompts * n}" if n is not None else f"make at least {prompts}"
         raise ConfigError(
             field,
-            f"{prompts} prompts x n={n} make {prompts * n} samples; this server's "
-            f"max_samples_per_request is {cap}",
+            f"{prompts} prompts {made} samples; this server's max_samples_per_request is {cap}",
         )
 
 

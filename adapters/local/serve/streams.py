@@ -26,22 +26,31 @@ class BoundedStream(StreamingResponse):
     """``text/event-stream`` of ``chunks``; ``release()`` runs once when it ends, however."""
 
     def __init__(
-        self, chunks: AsyncIterator[bytes], limits: ServeLimits, release: Callable[[], None]
+        self,
+        chunks: AsyncIterator[bytes],
+        limits: ServeLimits,
+        release: Callable[[], None],
+        stats: dict[str, float] | None = None,
     ) -> None:
+        """``stats``: counts streams dropped for stalling (``stalled``) and the longest
+        wait from a blocked send to the drop (``max_stall_to_abort_s``)."""
         super().__init__(chunks, media_type="text/event-stream")
         self.limits = limits
         self.release = release
-        self.stalled = False
+        self.stats = stats
+        self.stalled: float | None = None  # seconds the last send was blocked
 
     async def stream_response(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})  # fmt: skip
+        loop = asyncio.get_running_loop()
         async for chunk in self.body_iterator:
+            started = loop.time()
             try:
                 async with asyncio.timeout(self.limits.stream_stall_s):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except TimeoutError:
-                self.stalled = True  # the client has read nothing for stream_stall_s
+                self.stalled = loop.time() - started  # the client read nothing meanwhile
                 return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -56,6 +65,11 @@ class BoundedStream(StreamingResponse):
             if close is not None:
                 await close()  # aborts every sample still running
             self.release()
-            if self.stalled and conn is not None:
-                conn.abort()
-                await asyncio.sleep(0)  # let connection_lost land before uvicorn looks
+            if self.stalled is not None:
+                if conn is not None:
+                    conn.abort()
+                    await asyncio.sleep(0)  # let connection_lost land before uvicorn looks
+                if self.stats is not None:
+                    self.stats["stalled"] += 1
+                    longest = max(self.stats["max_stall_to_abort_s"], self.stalled)
+                    self.stats["max_stall_to_abort_s"] = round(longest, 3)
