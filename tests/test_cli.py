@@ -136,7 +136,7 @@ def test_a_bad_policy_folder_names_the_option_the_user_typed(
     """The model loader's errors say ``model``; the user typed ``policy_path``."""
     (tmp_path / "config.json").write_text("{}")
     for folder, words in (
-        ("/nonexistent", "has no config.json"),
+        ("/nonexistent", "is not a folder"),
         (str(tmp_path), "has no *.safetensors file"),
     ):
         code, out, err = invoke(capsys, command, "--backend-opt", f"policy_path={folder}")

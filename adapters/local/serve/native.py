@@ -120,7 +120,7 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def classify(request: Request) -> Response:
-        batch = parse_classify(await ctx.read_json(request), backend.prm, ctx.limits.max_samples)
+        batch = parse_classify(await ctx.read_json(request), backend.reward, ctx.limits.max_samples)
         tokens = sum(prompt_tokens(p) for p in batch.prompts)
         release = ctx.admission.hold(len(batch.prompts), tokens, batch.key)
         try:

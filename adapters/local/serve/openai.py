@@ -137,8 +137,7 @@ def render_chat(ctx: ServeContext, messages: Any) -> str:
             raise ConfigError("messages", f"over {ctx.limits.max_prompt_chars} characters "
                               f"cannot fit the engine's {ctx.limits.max_len} tokens")  # fmt: skip
         plain.append({"role": msg["role"], "content": content})
-    engine = ctx.backend.engine
-    tokenizer = engine.tokenizer if engine is not None else None
+    tokenizer = ctx.backend.tokenizer
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
         return str(text)
