@@ -304,6 +304,8 @@ async def test_lone_surrogates_and_empty_text_are_a_400_naming_the_field_on_ever
         ("/v1/completions", {"model": "tiny", "prompt": "1", "stop": bad}, "stop[0]",
          "lone surrogate"),
         ("/v1/chat/completions", _chat(bad), "messages[0].content", "lone surrogate"),
+        ("/generate", {"text": "1", "rid": bad}, "rid", "lone surrogate"),  # echoed back
+        ("/generate", {"text": ["1", "2"], "rid": ["a", bad]}, "rid[1]", "lone surrogate"),
     ]  # fmt: skip
     async with httpx.AsyncClient(timeout=30) as client:
         for path, body, field, words in cases:
@@ -312,6 +314,11 @@ async def test_lone_surrogates_and_empty_text_are_a_400_naming_the_field_on_ever
             assert reply.status_code == 400, (path, field, reply.text)
             message = reply.json()["error"]["message"]
             assert message.startswith(field + ": ") and words in message, (path, message)
+        # the client's text quoted in an error (an unknown key) is escaped, never a 500
+        for path, body, _, _ in cases:
+            reply = await client.post(url + path, content=json.dumps({**body, bad + "k": 1}))
+            assert reply.status_code == 400, (path, reply.text)
+            assert reply.json()["error"]["type"] == "invalid_request_error", reply.text
         # raw bytes that are not UTF-8 at all: the body is not JSON
         reply = await client.post(url + "/generate", content=b'{"text": "\xff\xfe"}')
         assert reply.status_code == 400 and "body" in reply.text

@@ -97,9 +97,17 @@ def logprob_meta(result: GenerateResult, opts: Any, decode: Any) -> dict[str, An
 
 
 def error_body(message: str, field: str | None = None, code: int = 400) -> dict[str, Any]:
-    """The error object SGLang and OpenAI clients read (``error.message``)."""
+    """The error object SGLang and OpenAI clients read (``error.message``). A message or
+    field may quote the client's text (an unknown key, a bad value): lone surrogates in it
+    are escaped, so the error itself always encodes as UTF-8."""
     kind = "invalid_request_error" if code < 500 else "internal_error"
-    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
+    message = _encodable(message)
+    param = None if field is None else _encodable(field)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def sse(payload: Any) -> bytes:

@@ -287,12 +287,14 @@ def request_ids(rid: Any, count: int, batch: bool) -> list[str]:
     if isinstance(rid, str):
         if not rid:
             raise ConfigError("rid", "must be a non-empty string")
+        check_text(rid, "rid")  # echoed in every answer: it must encode
         return [f"{rid}_{i}" for i in range(count)] if batch else [rid]
     if not isinstance(rid, list) or len(rid) != count:
         raise ConfigError("rid", f"expected a string or a list of {count} strings")
     for i, r in enumerate(rid):
         if not isinstance(r, str) or not r:
             raise ConfigError(f"rid[{i}]", "expected a non-empty string")
+        check_text(r, f"rid[{i}]")
     if len(set(rid)) != len(rid):
         raise ConfigError("rid", "request ids in a batch must be unique")
     return list(rid)
