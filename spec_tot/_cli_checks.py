@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import ipaddress
 import json
 import math
+import os
 import socket
 import types
 import typing
@@ -33,12 +35,16 @@ __all__ = [
     "BACKEND_OPTION_SCHEMAS",
     "Plan",
     "as_option",
+    "backend_error",
     "backend_registry",
     "check_bind",
+    "check_json_path",
     "int_list",
+    "is_loopback",
     "mode_list",
     "parse_backend_options",
     "parse_pairs",
+    "parse_serve_limits",
     "plan_runs",
     "program_for",
 ]
@@ -66,6 +72,10 @@ BACKEND_OPTION_SCHEMAS: dict[str, tuple[str, ...]] = {
 }
 # Set by the factory itself from its own arguments, never by a user's option.
 _NOT_OPTIONS = frozenset({"model", "http"})
+# A backend's error fields that the user knows by another option name: create_local passes
+# ``policy_path`` on as EngineConfig's ``model``.
+_OPTION_ALIASES: dict[str, dict[str, str]] = {"local": {"model": "policy_path"}}
+_SERVE_LIMITS = "spec_tot.adapters.local.serve.limits:ServeLimits"
 
 
 def backend_registry() -> BackendRegistry:
@@ -242,6 +252,43 @@ def parse_backend_options(pairs: Sequence[str] | None, backend: str) -> dict[str
     )
 
 
+def backend_error(backend: str, exc: ConfigError, given: Sequence[str]) -> ConfigError:
+    """``exc`` from starting ``backend``, as a usage error naming the ``--backend-opt`` the
+    user typed (``given``: the keys they gave); a field they did not give keeps its name."""
+    key = _OPTION_ALIASES.get(backend, {}).get(exc.field, exc.field)
+    message = str(exc).removeprefix(f"{exc.field}: ")
+    if key in given:
+        return ConfigError(f"--backend-opt {key}", message)
+    return ConfigError("--backend-opt", f"{key}: {message}")
+
+
+def parse_serve_limits(pairs: Sequence[str] | None) -> Any:
+    """``--limit NAME=VALUE`` pairs as a checked ``ServeLimits`` (its connection cap checked
+    against the open-file limit too); errors name ``--limit NAME``."""
+    limits_type = _load(_SERVE_LIMITS)
+    typed = typed_pairs(parse_pairs(pairs, "--limit"), _schema_of(limits_type), "--limit")
+    try:
+        limits = limits_type(**typed)
+        limits.connection_plan()
+    except ConfigError as exc:
+        message = str(exc).removeprefix(f"{exc.field}: ")
+        raise ConfigError(f"--limit {exc.field}", message) from None
+    return limits
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` reaches only this machine (every address it resolves to)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
 def program_for(program: str | None, backend: str | None) -> str:
     """The toy program fits the synthetic backends; real models run Game of 24."""
     if program is not None:
@@ -279,10 +326,12 @@ def plan_runs(
     seed: int,
     search_params: dict[str, Any],
     backend_options: dict[str, Any],
+    modes_option: str = "--modes",
 ) -> Plan:
     """Check every option without starting a backend: program, backend name and options,
     modes, concurrency, queries, search and its parameters (the graph is compiled against a
-    scripted backend, so the policy validates its parameters now)."""
+    scripted backend, so the policy validates its parameters now). ``modes_option``: the
+    option the modes came from, as the user typed it (``--mode`` for ``run``)."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
     with as_option("--program"):
@@ -293,11 +342,11 @@ def plan_runs(
             raise UnknownNameError("backend", backend_name, backend_registry().names())
     search_name = search or prog.default_search
     if not modes:
-        raise ConfigError("--modes", "give at least one executor mode")
+        raise ConfigError(modes_option, "give at least one executor mode")
     configs = []
     for mode in modes:
         for conc in concurrency:
-            with as_option("--mode" if len(modes) == 1 else "--modes"):
+            with as_option(modes_option):
                 ExecutorConfig(mode=mode)
             with as_option("--concurrency"):
                 configs.append(ExecutorConfig(mode=mode, seed=seed, max_concurrency=conc))
@@ -327,9 +376,26 @@ def check_bind(host: str, port: int) -> None:
             raise ConfigError("--port", f"cannot bind {host}:{port}: {exc.strerror}") from None
 
 
-def check_json_path(path: Path | None) -> None:
-    if path is not None and not path.parent.is_dir():
-        raise ConfigError("--json", f"folder {str(path.parent)!r} does not exist")
+def check_json_path(path: Path | None, option: str = "--json") -> None:
+    """Refuse, before anything runs, an output path the run could not write at its end: a
+    directory, a symlink (never written through), something that is not a regular file, an
+    unwritable file, or a missing or unwritable folder."""
+    if path is None:
+        return
+    shown = str(path)
+    if path.is_symlink():
+        raise ConfigError(option, f"{shown!r} is a symbolic link; give the file it points to")
+    if path.is_dir():
+        raise ConfigError(option, f"{shown!r} is a directory; give a file path in it")
+    if not path.parent.is_dir():
+        raise ConfigError(option, f"folder {str(path.parent)!r} does not exist")
+    if path.exists():
+        if not path.is_file():
+            raise ConfigError(option, f"{shown!r} is not a regular file")
+        if not os.access(path, os.W_OK):
+            raise ConfigError(option, f"{shown!r} is not writable")
+    elif not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(option, f"folder {str(path.parent)!r} is not writable")
 
 
 def error_line(exc: BaseException) -> str:

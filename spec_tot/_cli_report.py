@@ -80,6 +80,15 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
     return "summary: " + "; ".join(parts)
 
 
+def _write_json(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
+    """Write the runs; what went wrong, if anything (the run's results still print)."""
+    try:
+        path.write_text(json.dumps(rows, indent=2))
+    except OSError as exc:
+        return f"--json: could not write {str(path)!r}: {exc.strerror or exc}"
+    return None
+
+
 def report(
     runs: Sequence[RunOutcome],
     json_path: Path | None,
@@ -89,17 +98,18 @@ def report(
     options_text: str,
 ) -> None:
     """Print the table and summary (stdout), write the JSON, warn about failed queries
-    (stderr); raise ``ExecutionError`` when every query of some run failed. When every query
-    of every run failed there is no table: its rates would measure nothing."""
+    (stderr); raise ``ExecutionError`` when every query of some run failed, or when the JSON
+    could not be written (after the table: finished work is never lost to an output path).
+    When every query of every run failed there is no table: its rates would measure
+    nothing."""
     rows = [r.row for r in runs]
-    if json_path is not None:
-        json_path.write_text(json.dumps(rows, indent=2))
     dead = [r for r in runs if r.all_failed]
     if len(dead) < len(runs):
         out.print(_table(rows))
-        if json_path is not None:
-            err.print(f"wrote {json_path}")
         out.print(_summary(rows), soft_wrap=True)
+    json_error = _write_json(rows, json_path) if json_path is not None else None
+    if json_path is not None and json_error is None and len(dead) < len(runs):
+        err.print(f"wrote {json_path}", soft_wrap=True, markup=False, highlight=False)
     for run in runs:
         if run.failed and not run.all_failed:
             err.print(
@@ -112,7 +122,10 @@ def report(
     if dead:
         first = dead[0]
         where = ", ".join(r.label for r in dead)
+        also = f"; {json_error}" if json_error else ""
         raise ExecutionError(
             f"every query failed in {where} ({first.failed}/{first.row['metrics']['queries']};"
-            f" {options_text}); first error: {first.first_error}"
+            f" {options_text}); first error: {first.first_error}{also}"
         )
+    if json_error is not None:
+        raise ExecutionError(json_error)

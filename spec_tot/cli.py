@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib
-import ipaddress
 import os
 import shutil
 import sys
@@ -20,14 +19,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from spec_tot._cli_checks import (
     Plan,
     as_option,
+    backend_error,
     backend_registry,
     check_bind,
     check_json_path,
     error_line,
     int_list,
+    is_loopback,
     mode_list,
     parse_backend_options,
     parse_pairs,
+    parse_serve_limits,
     plan_runs,
 )
 from spec_tot._cli_report import RunOutcome, report
@@ -53,12 +55,15 @@ _CLICK_ERROR: type[Exception] = next(
 )
 
 
-def _start_backend(name: str, options: dict[str, Any], given: str) -> Any:
-    """Create the backend (this is where models load); a bad option value is a usage error,
-    any other failure one line naming the options the user gave."""
+def _start_backend(name: str, options: dict[str, Any], given: str, keys: Sequence[str] = ()) -> Any:
+    """Create the backend (this is where models load); a bad option value is a usage error
+    naming the option the user typed (``keys``: the ones they gave), any other failure one
+    line naming the options the user gave."""
     try:
         return backend_registry().create(name, **options)
-    except (ConfigError, UnknownNameError) as exc:
+    except ConfigError as exc:
+        raise backend_error(name, exc, keys) from exc
+    except UnknownNameError as exc:
         raise ConfigError("--backend-opt", str(exc)) from exc
     except Exception as exc:
         raise ExecutionError(
@@ -68,7 +73,9 @@ def _start_backend(name: str, options: dict[str, Any], given: str) -> Any:
 
 async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOutcome:
     options = {**plan.program.backend_options(plan.backend), **plan.backend_options}
-    backend = _start_backend(plan.backend, options, plan.options_text())
+    backend = _start_backend(
+        plan.backend, options, plan.options_text(), tuple(plan.backend_options)
+    )
     try:
         tot = plan.program.build(
             backend=backend, search=plan.search, search_params=plan.search_params, config=config
@@ -170,7 +177,7 @@ def _plan_and_report(
     show_tree: bool = False,
     **selection: Any,
 ) -> None:
-    check_json_path(json_path)
+    check_json_path(json_path)  # before the run: its results must have somewhere to go
     plan = plan_runs(
         search_params=parse_pairs(param, "--param"),
         backend_options=parse_pairs(backend_opt, "--backend-opt"),
@@ -215,6 +222,7 @@ def run(
         backend_opt=backend_opt,
         json_path=json_path,
         show_tree=show_tree,
+        modes_option="--mode",
     )
 
 
@@ -243,7 +251,18 @@ def bench(
         param=param,
         backend_opt=backend_opt,
         json_path=json_path,
+        modes_option="--modes",
     )
+
+
+def api_key_from(given: str | None) -> tuple[str | None, str]:
+    """The API key and where it came from: ``--api-key``, else ``$SPEC_TOT_API_KEY`` when
+    the variable is set at all (set and empty is an error, never auth turned off)."""
+    if given is not None:
+        return given, "--api-key"
+    if API_KEY_ENV in os.environ:
+        return os.environ[API_KEY_ENV], f"${API_KEY_ENV}"
+    return None, "--api-key"
 
 
 def build_server(
@@ -253,31 +272,44 @@ def build_server(
     *,
     host: str = "127.0.0.1",
     port: int | None = None,
+    limits: Sequence[str] | None = None,
+    insecure_no_auth: bool = False,
+    key_source: str = "--api-key",
 ) -> Any:
-    """The ``serve`` app: options checked (and the port tried) before the engine loads."""
-    from spec_tot.adapters.local.serve import create_server_app
+    """The ``serve`` app: every option checked (auth, limits, the port tried) before the
+    engine loads. Without a key a non-loopback ``host`` is refused unless
+    ``insecure_no_auth``."""
+    from spec_tot.adapters.local.serve import check_api_key, create_server_app
 
     with as_option("--program"):
         prog = load_program(program or "game24")
     given = parse_backend_options(backend_opt, "local")
-    extra: dict[str, Any] = {}
+    serve_limits = parse_serve_limits(limits)
     if api_key is not None:
-        if not api_key.strip():
-            raise ConfigError("--api-key", f"must not be empty (check ${API_KEY_ENV})")
-        extra["api_key"] = api_key
+        check_api_key(api_key, key_source)
+        if insecure_no_auth:
+            raise ConfigError(
+                "--insecure-no-auth", f"given with an API key ({key_source}): choose one"
+            )
+    elif not insecure_no_auth and not is_loopback(host):
+        raise ConfigError(
+            "--host",
+            f"{host} is reachable from other machines and no API key is set: give --api-key "
+            f"(or ${API_KEY_ENV}), or --insecure-no-auth to serve without authentication",
+        )
     if port is not None:
         check_bind(host, port)
     options = {**prog.backend_options("local"), **given}
     pairs = " ".join(f"{k}={v}" for k, v in given.items())
-    backend = _start_backend("local", options, f"--backend-opt {pairs}" if pairs else "defaults")
-    return create_server_app(backend, model_path=str(options.get("policy_path", "")), **extra)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
+    backend = _start_backend(
+        "local", options, f"--backend-opt {pairs}" if pairs else "defaults", tuple(given)
+    )
+    return create_server_app(
+        backend,
+        model_path=str(options.get("policy_path", "")),
+        api_key=api_key,
+        limits=serve_limits,
+    )
 
 
 @app.command()
@@ -289,24 +321,56 @@ def serve(
     api_key: Annotated[
         str | None,
         typer.Option(
-            envvar=API_KEY_ENV,
-            help="Require 'Authorization: Bearer KEY' on every route (as SGLang's --api-key).",
+            help="Require 'Authorization: Bearer KEY' on every route (as SGLang's --api-key); "
+            f"default: ${API_KEY_ENV} when set. An empty or padded key is refused.",
+            show_default=False,
+        ),
+    ] = None,
+    insecure_no_auth: Annotated[
+        bool,
+        typer.Option(help="Serve a non-loopback --host without an API key (anyone can use it)."),
+    ] = False,
+    limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Server limit NAME=VALUE (ServeLimits: max_samples_per_request, "
+            "max_inflight_samples, max_connections, header_timeout_s, stream_stall_s, ...)."
         ),
     ] = None,
 ) -> None:
     """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
     import uvicorn
 
-    server = build_server(program, backend_opt, api_key, host=host, port=port)
-    if api_key is None and not _is_loopback(host):
+    from spec_tot.adapters.local.serve import server_config
+
+    key, source = api_key_from(api_key)
+    server = build_server(
+        program,
+        backend_opt,
+        key,
+        host=host,
+        port=port,
+        limits=limit,
+        insecure_no_auth=insecure_no_auth,
+        key_source=source,
+    )
+    config = server_config(server, host=host, port=port)
+    if key is None and not is_loopback(host):
         console.print(
-            f"warning: serving on {host} with no --api-key: anyone who reaches the port can "
-            "generate and abort requests",
+            f"warning: serving on {host} with no API key (--insecure-no-auth): anyone who "
+            "reaches the port can generate and abort requests",
             soft_wrap=True,
             markup=False,
         )
-    console.print(f"spec-tot serve: http://{host}:{port} (SGLang native API subset)")
-    uvicorn.run(server, host=host, port=port, log_level="warning")
+    guard = server.state.connections
+    auth = f"Bearer key from {source}" if key is not None else "no auth"
+    console.print(
+        f"spec-tot serve: http://{host}:{port} (SGLang native API subset; {auth}; "
+        f"at most {guard.cap} connections)",
+        soft_wrap=True,
+        markup=False,
+    )
+    uvicorn.Server(config).run()
 
 
 @app.command()

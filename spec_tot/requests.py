@@ -2,11 +2,18 @@
 
 Small frozen dataclasses, validated at construction: a bad value raises ``ConfigError``
 naming the field, before anything reaches a backend.
+
+Text follows one rule everywhere (``check_text``; the HTTP server applies the same function
+to every text field of every route): it must encode as UTF-8, so a lone surrogate (Python
+text can hold one, from a JSON ``"\\udcff"`` escape or an ``errors="surrogateescape"``
+decode) is refused naming the field, never handed to a tokenizer. A prompt must also hold at
+least one character: ``prompt=""`` is refused as ``prompt_ids=()`` is.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -24,7 +31,31 @@ __all__ = [
     "SamplingParams",
     "StreamUpdate",
     "TokenLogprob",
+    "check_text",
 ]
+
+# Python text may hold code points UTF-8 cannot encode: the surrogates, alone or "paired"
+# (a str never pairs them; json.loads joins an escaped pair into one code point first).
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value: str, field: str, *, allow_empty: bool = True) -> None:
+    """Refuse text a tokenizer cannot take: a ``ConfigError`` naming ``field`` when ``value``
+    holds a surrogate (it cannot encode as UTF-8), or is empty where ``allow_empty`` is
+    False (a prompt: empty text is refused as empty token ids are)."""
+    if not value:
+        if not allow_empty:
+            raise ConfigError(field, "is empty (a prompt needs at least one character or token)")
+        return
+    if value.isascii():
+        return
+    bad = _SURROGATE.search(value)
+    if bad is not None:
+        raise ConfigError(
+            field,
+            f"holds the lone surrogate U+{ord(bad.group()):04X} at character {bad.start()}: "
+            "text must be valid Unicode (encodable as UTF-8)",
+        )
 
 
 class Priority(IntEnum):
@@ -125,6 +156,7 @@ class SamplingParams:
                 raise ConfigError("stop", f"stop strings must be str, got {stop!r}")
             if not stop:
                 raise ConfigError("stop", "stop strings must be non-empty")
+            check_text(stop, "stop")
         _int_tuple(self, "stop_token_ids")
         _int_tuple(self, "logprob_token_ids")
         if self.seed is not None and not _is_int(self.seed):
@@ -172,8 +204,10 @@ class GenerateRequest:
             raise ConfigError("sampling", f"must be SamplingParams, got {self.sampling!r}")
         if (self.prompt is None) == (self.prompt_ids is None):
             raise ConfigError("prompt", "set exactly one of prompt and prompt_ids")
-        if self.prompt is not None and not isinstance(self.prompt, str):
-            raise ConfigError("prompt", f"must be a string, got {type(self.prompt).__name__}")
+        if self.prompt is not None:
+            if not isinstance(self.prompt, str):
+                raise ConfigError("prompt", f"must be a string, got {type(self.prompt).__name__}")
+            check_text(self.prompt, "prompt", allow_empty=False)
         if self.prompt_ids is not None:
             _int_tuple(self, "prompt_ids")
             if not self.prompt_ids:
@@ -257,6 +291,20 @@ class RewardItem:
     request_id: str
     question: str
     steps: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise ConfigError("question", f"must be a string, got {type(self.question).__name__}")
+        check_text(self.question, "question")
+        if isinstance(self.steps, list):
+            object.__setattr__(self, "steps", tuple(self.steps))
+        if not isinstance(self.steps, tuple):
+            kind = type(self.steps).__name__
+            raise ConfigError("steps", f"must be a tuple of strings, got {kind}")
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, str):
+                raise ConfigError(f"steps[{i}]", f"must be a string, got {type(step).__name__}")
+            check_text(step, f"steps[{i}]")
 
     @property
     def text(self) -> str:

@@ -15,7 +15,7 @@ import uvicorn
 from engine_fixtures import assert_backend_free
 
 from spec_tot.adapters.local import LocalBackend
-from spec_tot.adapters.local.serve import create_server_app
+from spec_tot.adapters.local.serve import create_server_app, server_config
 
 __all__ = ["free_port", "serve_in_thread", "served", "settle"]
 
@@ -37,11 +37,17 @@ async def settle(backend: LocalBackend) -> None:
 
 
 @asynccontextmanager
-async def served(backend: LocalBackend, **app_options: Any) -> AsyncIterator[str]:
-    """Serve ``backend`` in this loop; yields the base URL."""
+async def served(
+    backend: LocalBackend, box: dict[str, Any] | None = None, **app_options: Any
+) -> AsyncIterator[str]:
+    """Serve ``backend`` in this loop (``server_config``: the guarded protocol and limits);
+    yields the base URL. ``box["app"]``: the app, for tests that read its state."""
     port = free_port()
-    config = uvicorn.Config(
-        create_server_app(backend, **app_options),
+    app = create_server_app(backend, **app_options)
+    if box is not None:
+        box["app"] = app
+    config = server_config(
+        app,
         host="127.0.0.1",
         port=port,
         log_level="error",

@@ -17,6 +17,7 @@ import pytest
 from engine_fixtures import tiny_llama
 
 from spec_tot import cli
+from spec_tot.errors import ConfigError
 
 __all__ = ["tiny_llama"]
 
@@ -72,6 +73,18 @@ USAGE_ERRORS = [
     (["run", "--json", "/nonexistent-dir/x.json"], "--json: folder '/nonexistent-dir'"),
     (["bench", "--modes", ","], "--modes: expected executor modes"),
     (["bench", "--modes", "full,bogus"], "--modes: unknown executor mode 'bogus'"),
+    (["bench", "--modes", "bogus"], "--modes: unknown executor mode 'bogus'"),
+    (["run", "--compare", "--mode", "bogus"], "--mode: unknown executor mode 'bogus'"),
+    (["run", "--json", "/"], "--json: '/' is a directory"),
+    (["serve", "--limit", "max_connections=0"], "--limit max_connections: must be an integer"),
+    (["serve", "--limit", "bogus=1"], "--limit bogus: not a known option"),
+    (["serve", "--limit", "stream_stall_s=abc"], "--limit stream_stall_s: expected a number"),
+    (["serve", "--limit", "max_connections=100000000"], "--limit max_connections: 100000000"),
+    (["serve", "--limit", "max_samples_per_request=99999"], "--limit max_samples_per_request"),
+    (["serve", "--api-key", ""], "--api-key: must not be empty"),
+    (["serve", "--api-key", " k3y"], "--api-key: has leading or trailing whitespace"),
+    (["serve", "--host", "0.0.0.0"], "--host: 0.0.0.0 is reachable from other machines"),
+    (["serve", "--insecure-no-auth", "--api-key", "k"], "--insecure-no-auth: given with an"),
     (["bench", "--concurrency", "0,4"], "--concurrency: expected positive integers"),
     (["bench", "--concurrency", "x"], "--concurrency: expected positive integers"),
     (["graph", "--program", "nope"], "--program: unknown program 'nope'"),
@@ -93,8 +106,11 @@ def test_usage_error_is_one_line_exit_2_and_starts_nothing(
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["run", "--backend-opt", "num_kv_blocks=0"], "--backend-opt: num_kv_blocks: must be >= 1"),
-        (["bench", "--backend", "scripted", "--backend-opt", "depth=0"], "--backend-opt: depth"),
+        (["run", "--backend-opt", "num_kv_blocks=0"], "--backend-opt num_kv_blocks: must be >= 1"),
+        (["bench", "--backend", "scripted", "--backend-opt", "depth=0"], "--backend-opt depth:"),
+        # create_local hands policy_path on as EngineConfig's model: the error names the
+        # option the user typed
+        (["run", "--backend-opt", "policy_path="], "--backend-opt policy_path: must be a non"),
     ],
 )
 def test_backend_option_values_are_checked_before_weights_load(
@@ -111,6 +127,22 @@ def test_backend_option_values_are_checked_before_weights_load(
     monkeypatch.setattr(engine, "LLMEngine", refuse)
     code, out, err = invoke(capsys, *argv)
     assert code == 2 and out == "" and expected in one_line(err)
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_a_bad_policy_folder_names_the_option_the_user_typed(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The model loader's errors say ``model``; the user typed ``policy_path``."""
+    (tmp_path / "config.json").write_text("{}")
+    for folder, words in (
+        ("/nonexistent", "is not a folder"),
+        (str(tmp_path), "has no *.safetensors file"),
+    ):
+        code, out, err = invoke(capsys, command, "--backend-opt", f"policy_path={folder}")
+        line = one_line(err)
+        assert code == 2 and out == "", line
+        assert line.startswith("error: --backend-opt policy_path: ") and words in line, line
 
 
 def test_a_port_in_use_is_refused_before_the_engine_loads(
@@ -209,14 +241,112 @@ def test_help_works_everywhere(command: list[str], capsys: pytest.CaptureFixture
     assert code == 0 and "Usage" in out
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", "must not be empty"),  # set and empty: an error, never auth turned off
+        (" ", "must not be empty"),
+        ("\t\n", "must not be empty"),
+        ("k3y ", "has leading or trailing whitespace"),
+        ("\udcffkey", "is not valid Unicode"),  # argv/environ bytes that are not UTF-8
+    ],
+)
 def test_serve_reads_the_api_key_from_its_env_var(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, no_backend: None
+    value: str,
+    expected: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    no_backend: None,
 ) -> None:
     code, out, _ = invoke(capsys, "serve", "--help")
     assert code == 0 and "--api-key" in out and cli.API_KEY_ENV in out
-    monkeypatch.setenv(cli.API_KEY_ENV, " ")  # an empty one counts as unset
+    monkeypatch.setenv(cli.API_KEY_ENV, value)
     code, _, err = invoke(capsys, "serve")
-    assert code == 2 and f"--api-key: must not be empty (check ${cli.API_KEY_ENV})" in one_line(err)
+    assert code == 2 and f"${cli.API_KEY_ENV}: {expected}" in one_line(err)
+    # a non-loopback host never starts without a key, nor with a bad one
+    code, _, err = invoke(capsys, "serve", "--host", "0.0.0.0")
+    assert code == 2 and f"${cli.API_KEY_ENV}: {expected}" in one_line(err)
+
+
+def test_serve_auth_choice_is_checked_before_the_engine_loads(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A good key from either source, or an explicit --insecure-no-auth, passes the auth
+    checks and reaches the backend start (refused here, so no model loads)."""
+    seen: list[str] = []
+
+    def refuse(*_args: Any, **_kw: Any) -> Any:
+        seen.append("start")
+        raise ConfigError("--backend-opt", "stopped before loading")
+
+    monkeypatch.setattr(cli, "_start_backend", refuse)
+    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    for argv in (
+        ["serve", "--host", "0.0.0.0", "--api-key", "k\u00e9y"],  # non-ASCII: UTF-8 bytes
+        ["serve", "--host", "0.0.0.0", "--insecure-no-auth"],
+        ["serve", "--host", "localhost"],
+        ["serve", "--host", "::1"],
+    ):
+        code, _, err = invoke(capsys, *argv, "--port", "1")
+        assert code == 2 and "stopped before loading" in one_line(err), (argv, err)
+    monkeypatch.setenv(cli.API_KEY_ENV, "s3cret")
+    code, _, err = invoke(capsys, "serve", "--host", "0.0.0.0", "--port", "1")
+    assert code == 2 and "stopped before loading" in one_line(err)
+    assert len(seen) == 5
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "unwritable file", "unwritable dir"])
+def test_json_paths_are_refused_before_anything_runs(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], no_backend: None
+) -> None:
+    import os
+
+    target = tmp_path / "out.json"
+    if kind == "directory":
+        target.mkdir()
+    elif kind == "symlink":
+        (tmp_path / "real.json").write_text("[]")
+        target.symlink_to(tmp_path / "real.json")
+    elif kind == "unwritable file":
+        target.write_text("[]")
+        target.chmod(0o444)
+    else:
+        target = tmp_path / "locked" / "out.json"
+        target.parent.mkdir()
+        target.parent.chmod(0o555)
+    try:
+        if os.geteuid() == 0 and kind.startswith("unwritable"):
+            pytest.skip("root writes anywhere: os.access says so")
+        for command in ("run", "bench"):
+            code, out, err = invoke(capsys, command, "--json", str(target))
+            assert code == 2 and out == "", (command, err)
+            assert one_line(err).startswith("error: --json: "), err
+    finally:
+        target.parent.chmod(0o755)
+        if target.exists() and not target.is_symlink() and not target.is_dir():
+            target.chmod(0o644)
+
+
+def test_the_table_prints_even_when_the_json_cannot_be_written(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that passes the up-front check but fails at the end (the folder went away
+    meanwhile): the table and summary still print, then one error line, exit 1."""
+    out_json = tmp_path / "gone" / "runs.json"
+    out_json.parent.mkdir()
+    real = cli._execute
+
+    def execute_then_lose_the_folder(*args: Any, **kwargs: Any) -> Any:
+        runs = real(*args, **kwargs)
+        out_json.parent.rmdir()
+        return runs
+
+    monkeypatch.setattr(cli, "_execute", execute_then_lose_the_folder)
+    code, out, err = invoke(
+        capsys, "run", "--backend", "scripted", "--queries", "2", "--json", str(out_json)
+    )
+    assert code == 1 and "solved" in out and "summary: full@32:" in out
+    assert one_line(err).startswith(f"error: --json: could not write '{out_json}'")
 
 
 async def test_serve_api_key_reaches_the_server(tiny_llama: Path) -> None:

@@ -101,9 +101,24 @@ def test_generate_request_with_text_or_ids() -> None:
     assert ids.prompt_ids == (1, 2, 3) and ids.n == 4
 
 
-def test_generate_request_empty_prompt_string_is_allowed() -> None:
-    # "" is a prompt (set), only None means unset.
-    assert _req(prompt="").prompt == ""
+def test_generate_request_text_follows_the_one_text_rule() -> None:
+    # "" is set (not None), and refused as an empty prompt_ids is: one rule for both.
+    with pytest.raises(ConfigError, match="prompt: is empty") as info:
+        _req(prompt="")
+    assert info.value.field == "prompt"
+    with pytest.raises(ConfigError, match="prompt_ids"):
+        _req(prompt_ids=())
+    # A lone surrogate (a JSON "\\udcff" escape) cannot be encoded: refused naming the field.
+    with pytest.raises(ConfigError, match="U\\+DCFF at character 2") as info:
+        _req(prompt="ab\udcff")
+    assert info.value.field == "prompt"
+    assert _req(prompt="\U0001f600 \x00 \ufffe").prompt  # any real code point is text
+    with pytest.raises(ConfigError, match="stop"):
+        SamplingParams(stop=("\ud800",))
+    with pytest.raises(ConfigError, match=r"steps\[1\]"):
+        RewardItem("r", "q", ("ok", "\udfff"))
+    with pytest.raises(ConfigError, match="question"):
+        RewardItem("r", "\ud83d\ude00", ())  # an unjoined pair is two lone surrogates
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,12 @@
 """Bad rewards fail only their query: NaN, infinities, strings, bools, wrong lengths,
-out-of-range scores, raising and hanging scorers, in baseline and every speculative mode.
-The other queries finish with the answers they get with a good scorer."""
+out-of-range scores, raising, hanging and blocking (sync) scorers, in baseline and every
+speculative mode. The other queries finish with the answers they get with a good scorer."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +83,9 @@ def _graph(scorer: Any) -> ThoughtGraph:
     return g
 
 
-async def _run(mode: str, scorer: Any, timeout: float | None = None) -> dict[str, Any]:
+async def _run(
+    mode: str, scorer: Any, timeout: float | None = None, queries: list[Any] = QUERIES
+) -> dict[str, Any]:
     backend = LatencyBackend(
         ScriptedConfig(seed=4, depth=3, straggler_rate=0.3), tick_fn(2, 12), tick_fn(3, 2)
     )
@@ -93,7 +97,7 @@ async def _run(mode: str, scorer: Any, timeout: float | None = None) -> dict[str
         params={"n": 4, "width": 2, "max_depth": 4},
         query_timeout_s=timeout,
     )
-    batch = await app.arun_batch(QUERIES)
+    batch = await app.arun_batch(queries)
     assert backend.num_inflight == 0
     return {r.query_id: r for r in batch.results}
 
@@ -126,6 +130,66 @@ async def test_a_hanging_scorer_holds_only_its_query_in_every_mode() -> None:
             assert got[qid].status == "ok", (mode, qid, got[qid].errors)
             assert fingerprint(got[qid]) == want[qid], (mode, qid)
         assert scorer.hung  # the bad batch really hung
+
+
+class BlockingSyncScorer:
+    """A sync scorer (``time.sleep``, as a blocking model call would) that blocks for the bad
+    question's items, and counts the calls that hold them."""
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+        self.inner = Scorer("good")
+        self.bad_calls = 0
+        self.late: list[float] = []  # when each blocked call returned (its result unused)
+        self.threads: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, items: Sequence[RewardItem]) -> list[Any]:
+        with self._lock:
+            self.threads.add(threading.current_thread().name)
+        if any(i.question == BAD for i in items):
+            with self._lock:
+                self.bad_calls += 1
+            time.sleep(self.block_s)
+            self.late.append(time.monotonic())
+        return [self.inner.good(i) for i in items]
+
+
+SEVEN = [{"question": f"puzzle {c}", "query_id": c} for c in "abcdef"] + [
+    {"question": BAD, "query_id": "bad"}
+]
+
+
+async def test_a_blocking_sync_scorer_fails_only_its_query_in_every_mode() -> None:
+    """The issue's case: a sync scorer that sleeps on one query's items once made all six
+    good queries of its batch time out, and was called again after its query had timed out.
+    It runs in a thread now, never mixing queries in one call: the bad query times out
+    alone, the six finish with baseline's answers, and the bad items are sent once."""
+    want = {
+        q: fingerprint(r)
+        for q, r in (await _run("baseline", Scorer("good"), queries=SEVEN)).items()
+    }
+    loop_thread = threading.current_thread().name
+    for mode in MODES:
+        scorer = BlockingSyncScorer(block_s=1.5)
+        got = await _run(mode, scorer, timeout=0.8, queries=SEVEN)
+        assert got["bad"].status == "timeout", (mode, got["bad"].status, got["bad"].errors)
+        for qid in "abcdef":
+            assert got[qid].status == "ok", (mode, qid, got[qid].errors)
+            assert fingerprint(got[qid]) == want[qid], (mode, qid)
+        assert scorer.bad_calls == 1, (mode, scorer.bad_calls)
+        assert loop_thread not in scorer.threads  # never on the event loop
+
+
+async def test_a_sync_scorer_s_late_result_is_discarded() -> None:
+    """The blocked call returns after its query ended: nothing is scored from it and no
+    second call follows."""
+    scorer = BlockingSyncScorer(block_s=0.3)
+    got = await _run("full", scorer, timeout=0.1)
+    assert got["bad"].status == "timeout"
+    await asyncio.sleep(0.5)  # the thread wakes and hands back a result nobody takes
+    assert len(scorer.late) == 1 and scorer.bad_calls == 1
+    assert got["a"].status == got["b"].status == "ok"
 
 
 class RangedPrm(RewardBackend):

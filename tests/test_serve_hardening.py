@@ -1,7 +1,9 @@
 """``spec-tot serve`` under hostile or careless input: a bad request among good ones fails
 alone with a 4xx naming the field (the poison test), a hypothesis fuzz suite over
-``/generate``, ``/classify`` and ``/abort_request`` bodies (no 5xx, ``/health`` after every
-case, no KV block leaked), and ``--api-key`` on every route."""
+``/generate``, ``/classify``, ``/v1/completions``, ``/v1/chat/completions`` and
+``/abort_request`` bodies whose text holds arbitrary code points, lone surrogates included
+(no 5xx, ``/health`` after every case, no KV block leaked), and ``--api-key`` on every
+route."""
 
 from __future__ import annotations
 
@@ -191,16 +193,28 @@ def _raw(body: Any) -> str:
 
 
 # -- the fuzz suite ---------------------------------------------------------------------------
+# Any code point: every category, and the surrogates (UTF-8 cannot encode them; a JSON
+# "\\udcff" escape makes one) drawn as often as the rest.
+_char = st.characters(categories=["L", "M", "N", "P", "S", "Z", "C"]) | st.characters(
+    min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"]
+)
+
+
+def _text(max_size: int) -> st.SearchStrategy[str]:
+    return st.text(_char, max_size=max_size) | st.text(max_size=max_size)
+
+
 _json = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                 max_size=3),
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | _text(8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text(6), inner, max_size=3),
     max_leaves=8,
 )  # fmt: skip
 _value = st.one_of(
     _json,
     st.integers(-5, 200),
-    st.sampled_from([0, 1, -1, 0.5, 1e999, "", "a", [], {}, [1, 2], ["\n"], [[1, 2], [3]]]),
+    st.sampled_from(
+        [0, 1, -1, 0.5, 1e999, "", "a", [], {}, [1, 2], ["\n"], [[1, 2], [3]], "\udcff", ["\ud800"]]
+    ),
 )
 _sampling = st.dictionaries(
     st.sampled_from(["max_new_tokens", "temperature", "top_p", "top_k", "stop", "n",
@@ -211,10 +225,10 @@ _sampling = st.dictionaries(
 _generate = st.fixed_dictionaries(
     {},
     optional={
-        "text": st.one_of(st.text(max_size=12), st.lists(st.text(max_size=6), max_size=3), _value),
+        "text": st.one_of(_text(12), st.lists(_text(6), max_size=3), _value),
         "input_ids": st.one_of(st.lists(st.integers(-3, 140), max_size=6), _value),
         "sampling_params": st.one_of(_sampling, st.lists(_sampling, max_size=2), _value),
-        "rid": st.one_of(st.text(max_size=5), _value),
+        "rid": st.one_of(_text(5), _value),
         "stream": _value,
         "priority": _value,
         "return_logprob": _value,
@@ -223,25 +237,52 @@ _generate = st.fixed_dictionaries(
 _classify = st.fixed_dictionaries(
     {},
     optional={
-        "text": st.one_of(st.text(max_size=30), st.lists(st.text(max_size=20), max_size=3),
-                          _value),
+        "text": st.one_of(_text(30), st.lists(_text(20), max_size=3), _value),
         "input_ids": st.one_of(st.lists(st.integers(-3, 140), max_size=6),
                                st.lists(st.lists(st.integers(-3, 140), max_size=4), max_size=3),
                                _value),
-        "rid": st.one_of(st.text(max_size=5), _value),
+        "rid": st.one_of(_text(5), _value),
         "sampling_params": _value,
     },
 )  # fmt: skip
+_openai_common = {
+    "n": _value,
+    "max_tokens": st.one_of(st.integers(-1, 6), _value),
+    "stop": st.one_of(_text(3), st.lists(_text(3), max_size=2), _value),
+    "temperature": _value,
+    "stream": _value,
+    "seed": _value,
+}
+_completions = st.fixed_dictionaries(
+    {"model": st.sampled_from(["default", "nope"]) | _value},
+    optional={
+        "prompt": st.one_of(_text(12), st.lists(_text(6), max_size=3),
+                            st.lists(st.integers(-3, 140), max_size=6), _value),
+        **_openai_common,
+    },
+)  # fmt: skip
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant"]) | _text(4)},
+    optional={"content": st.one_of(_text(12), st.lists(st.fixed_dictionaries(
+        {"type": st.just("text"), "text": _text(6)}), max_size=2), _value)},
+)  # fmt: skip
+_chat = st.fixed_dictionaries(
+    {"model": st.just("default")},
+    optional={"messages": st.one_of(st.lists(_message, max_size=3), _value), **_openai_common},
+)
 _abort = st.fixed_dictionaries({}, optional={"rid": _value, "abort_all": _value})
 _bodies = st.one_of(
     st.tuples(st.just("/generate"), _generate),
     st.tuples(st.just("/classify"), _classify),
+    st.tuples(st.just("/v1/completions"), _completions),
+    st.tuples(st.just("/v1/chat/completions"), _chat),
     st.tuples(st.just("/abort_request"), _abort),
-    st.tuples(st.sampled_from(["/generate", "/classify", "/abort_request"]), _json),
-)
+    st.tuples(st.sampled_from(["/generate", "/classify", "/abort_request", "/v1/completions",
+                               "/v1/chat/completions"]), _json),
+)  # fmt: skip
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(case=_bodies)
 def test_fuzz_never_a_5xx_and_nothing_leaks(fuzz_server: tuple[Any, str], case: Any) -> None:
     loop, url = fuzz_server

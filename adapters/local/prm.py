@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import Priority, RewardItem, SamplingParams
+from spec_tot.requests import Priority, RewardItem, SamplingParams, check_text
 
 from .block_manager import BlockManager
 from .loader import load_model_folder
@@ -122,6 +122,7 @@ class PrmScorer:
     # -- encoding ---------------------------------------------------------------------------
     def _encode(self, text: str, ends: list[int], where: str) -> tuple[list[int], list[int]]:
         """Token ids of ``text`` and the token covering each character index in ``ends``."""
+        check_text(text, where)  # a lone surrogate would reach the tokenizer as a TypeError
         if len(text) > self.max_chars:
             raise ConfigError(where, f"{len(text)} characters cannot fit in {self.max_len} tokens")
         enc = self.tokenizer(text, return_offsets_mapping=True)

@@ -1,7 +1,12 @@
 """Running reward batches: one scorer call per group of items, each item's score checked
 and handed back alone. A call shared by several queries that fails, or runs far longer than
 calls do (a hanging scorer), is split: each query is scored alone, so only the query whose
-items are bad waits or fails (a hanging call is cancelled once nobody waits for it)."""
+items are bad waits or fails (a hanging call is cancelled once nobody waits for it).
+
+A sync scorer runs in a thread that cannot be cancelled, so its calls never mix queries: a
+batch is scored one call per query, and a query's next call waits for its previous one. A
+call that blocks then holds only its own query, which ends at its deadline (its late result
+discarded); its items are never sent again, and the other queries never wait for it."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Any
 
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.batching import Pending
-from spec_tot.executor.scores import call_scorer, check_score, score_range
+from spec_tot.executor.scores import call_scorer, check_score, is_sync_scorer, score_range
 from spec_tot.metrics import MetricsRecorder
 
 __all__ = ["ScoreCalls"]
@@ -31,6 +36,7 @@ class ScoreCalls:
         self._query_info = query_info
         self._calls: dict[asyncio.Task[list[Any]], list[Pending]] = {}
         self._latency: float | None = None  # moving average of a call's latency
+        self._turns: dict[str, asyncio.Lock] = {}  # query -> its sync scorer calls, in turn
 
     def forget(self, query_id: str) -> None:
         """``query_id`` ended: its items' futures are cancelled, and a call that nobody waits
@@ -41,6 +47,7 @@ class ScoreCalls:
                     p.future.cancel()
             if all(p.future.done() for p in items):
                 call.cancel()
+        self._turns.pop(query_id, None)
 
     async def run(self, pending: list[Pending]) -> None:
         groups: dict[int, list[Pending]] = {}
@@ -52,17 +59,31 @@ class ScoreCalls:
             await asyncio.gather(*(self._score_group(g) for g in groups.values()))
 
     async def _score_group(self, group: list[Pending]) -> None:
-        """Score ``group`` (one scorer) in one call. A call shared by several queries that
-        fails, or runs far longer than calls do (a hanging scorer), is split: each query
-        is scored alone, so only the query whose items are bad waits or fails."""
+        """Score ``group`` (one scorer): in one call, or, for a sync scorer, one call per
+        query, each after that query's previous call."""
         live = [p for p in group if not p.future.done()]
         if not live:
             return
         queries = sorted({p.query_id for p in live})
+        if is_sync_scorer(live[0].scorer):
+            if len(queries) > 1:
+                await self._split(live, queries)
+                return
+            async with self._turns.setdefault(queries[0], asyncio.Lock()):
+                live = [p for p in live if not p.future.done()]  # its query may have ended
+                if live:
+                    await self._call(live, queries)
+            return
+        await self._call(live, queries)
+
+    async def _call(self, live: list[Pending], queries: list[str]) -> None:
+        """One scorer call for ``live``; a shared (async) call that hangs or fails is split."""
         self._record(live)
         loop = asyncio.get_running_loop()
         started = loop.time()
-        call = loop.create_task(call_scorer(live[0].scorer, [p.item for p in live]))
+        info = self._query_info(queries[0]) if len(queries) == 1 else None
+        timeout = info[1] if info is not None else None
+        call = loop.create_task(call_scorer(live[0].scorer, [p.item for p in live], timeout))
         self._calls[call] = live
         try:
             if len(queries) > 1:

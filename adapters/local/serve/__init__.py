@@ -11,7 +11,11 @@ batched, n > 1, streaming, POST and PUT), ``/abort_request``, ``/health``,
 
 Every client error is a 4xx whose message names the field; an unimplemented parameter is a
 400 naming it; with ``api_key`` every route, the health probes included, needs
-``Authorization: Bearer <key>`` (``auth.py``).
+``Authorization: Bearer <key>`` (``auth.py``). Every request, connection and stream has a
+limit (``ServeLimits``, ``limits.py``): past a per-request one a 4xx naming it, past a
+server-wide in-flight one a 429 with ``Retry-After``. Serve the app with
+``server_config(app, host=..., port=...)`` (``connections.py``): uvicorn's own settings leave
+half-open connections open forever.
 """
 
 from __future__ import annotations
@@ -26,14 +30,24 @@ from starlette.responses import JSONResponse, Response
 from spec_tot.errors import ConfigError
 
 from ..backend import LocalBackend
-from .auth import BearerAuth
+from .auth import BearerAuth, check_api_key
+from .connections import server_config
 from .context import ServeContext
+from .limits import ServeLimits
 from .native import internal_error, native_routes
 from .openai import openai_routes
 from .outputs import error_body
 from .schema import GenerateBatch, Limits, parse_generate
 
-__all__ = ["GenerateBatch", "Limits", "create_server_app", "parse_generate"]
+__all__ = [
+    "GenerateBatch",
+    "Limits",
+    "ServeLimits",
+    "check_api_key",
+    "create_server_app",
+    "parse_generate",
+    "server_config",
+]
 
 
 def create_server_app(
@@ -42,13 +56,18 @@ def create_server_app(
     model_path: str = "",
     served_model_name: str | None = None,
     api_key: str | None = None,
+    limits: ServeLimits | None = None,
 ) -> Starlette:
     """The ASGI app. ``served_model_name`` (default: the model folder's name) is the model id
-    of the OpenAI routes; ``api_key`` turns on Bearer authentication."""
-    if api_key is not None and not api_key:
-        raise ConfigError("api_key", "must be a non-empty string (or None for no key)")
+    of the OpenAI routes; ``api_key`` turns on Bearer authentication (``check_api_key``'s
+    rule: an empty or padded key is a ``ConfigError``, never auth turned off); ``limits``:
+    the server's limits (default ``ServeLimits()``)."""
+    if api_key is not None:
+        check_api_key(api_key, "api_key")
+    if limits is not None and not isinstance(limits, ServeLimits):
+        raise ConfigError("limits", f"must be a ServeLimits, got {type(limits).__name__}")
     name = served_model_name or (Path(model_path).name if model_path else "default")
-    ctx = ServeContext(backend, model_path, name)
+    ctx = ServeContext(backend, model_path, name, limits)
 
     async def http_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import RewardItem
+from spec_tot.requests import RewardItem, check_text
 
 from ..backend import LocalBackend
 from ..messages import RewardInfo
 from ..prm import build_prm_text
 from .fields import Inert, check_known, opt_bool, opt_int, opt_str, token_ids
-from .schema import MAX_SAMPLES, is_nested, request_ids
+from .schema import MAX_SAMPLES, check_samples, is_nested, request_ids
 
 __all__ = ["ClassifyBatch", "parse_classify", "score_batch"]
 
@@ -64,9 +64,12 @@ class ClassifyBatch:
     rids: tuple[str, ...]
     fields: tuple[str, ...]  # the client's name of each prompt, for errors
     single: bool
+    key: str = "text"  # text or input_ids
 
 
-def parse_classify(body: Any, prm: RewardInfo | None) -> ClassifyBatch:
+def parse_classify(
+    body: Any, prm: RewardInfo | None, max_samples: int = MAX_SAMPLES
+) -> ClassifyBatch:
     """Validate a ``/classify`` body; a bad field raises ``ConfigError`` naming it."""
     if not isinstance(body, dict):
         raise ConfigError("body", "expected a JSON object")
@@ -82,8 +85,7 @@ def parse_classify(body: Any, prm: RewardInfo | None) -> ClassifyBatch:
     if not isinstance(rows, list) or not rows:
         kind = "a string" if key == "text" else "a list of token ids"
         raise ConfigError(key, f"expected {kind} or a non-empty list of them")
-    if len(rows) > MAX_SAMPLES:
-        raise ConfigError(key, f"{len(rows)} prompts; at most {MAX_SAMPLES}")
+    check_samples(len(rows), None, max_samples, key)
     fields = tuple(key if single else f"{key}[{i}]" for i in range(len(rows)))
     prompts = tuple(
         _text(row, field, prm) if key == "text" else _ids(row, field, prm)
@@ -94,14 +96,13 @@ def parse_classify(body: Any, prm: RewardInfo | None) -> ClassifyBatch:
     opt_bool(body, "log_metrics", "log_metrics", True)
     opt_str(body, "routing_key", "routing_key")
     rids = request_ids(body.get("rid"), len(rows), not single)
-    return ClassifyBatch(prompts, tuple(rids), fields, single)
+    return ClassifyBatch(prompts, tuple(rids), fields, single, key)
 
 
 def _text(text: Any, field: str, prm: RewardInfo) -> str:
     if not isinstance(text, str):
         raise ConfigError(field, "expected a string (text pairs for cross-encoders: not served)")
-    if not text:
-        raise ConfigError(field, "is empty")
+    check_text(text, field, allow_empty=False)
     if len(text) > prm.max_chars:  # before any tokenising: it cannot fit
         raise ConfigError(field, f"{len(text)} characters cannot fit in {prm.max_len} tokens")
     tag = prm.step_tag

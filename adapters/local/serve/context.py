@@ -4,6 +4,7 @@ limits, and the model and server descriptions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -13,34 +14,21 @@ from starlette.requests import Request
 from spec_tot.errors import ConfigError
 
 from ..backend import LocalBackend
+from .limits import Admission, ServeLimits
 from .live import LiveRequests
 from .schema import Limits
 
-__all__ = ["MAX_BODY_BYTES", "BodyTooLarge", "ServeContext", "read_json"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "ServeContext"]
 
 T = TypeVar("T")
-MAX_BODY_BYTES = 32 << 20
 
 
 class BodyTooLarge(ValueError):
-    pass
+    """Over ``max_body_bytes``: a 413."""
 
 
-async def read_json(request: Request) -> Any:
-    """The body as JSON, read up to ``MAX_BODY_BYTES``; a bad body is a ``ConfigError``."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise BodyTooLarge(f"body: over {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
-    if not raw.strip():
-        raise ConfigError("body", "expected a JSON object, got an empty body")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise ConfigError("body", f"not valid JSON ({exc})") from None
+class BodyTimeout(ValueError):
+    """The body did not arrive within ``body_timeout_s``: a 408."""
 
 
 async def _disconnected(request: Request) -> None:
@@ -50,22 +38,69 @@ async def _disconnected(request: Request) -> None:
 
 
 class ServeContext:
-    def __init__(self, backend: LocalBackend, model_path: str, model_name: str) -> None:
+    def __init__(
+        self,
+        backend: LocalBackend,
+        model_path: str,
+        model_name: str,
+        serve_limits: ServeLimits | None = None,
+    ) -> None:
         self.backend = backend
+        self.serve_limits = serve_limits or ServeLimits()
+        self.admission = Admission(self.serve_limits)
+        self.connections: Any = None  # the ConnectionGuard, once server_config serves this
+        self.stream_stats: dict[str, float] = {"stalled": 0, "max_stall_to_abort_s": 0.0}
         self.live = LiveRequests(backend)
         self.model_path = model_path
         self.model_name = model_name
         self.version = "spec-tot-serve (SGLang 0.5.23 native API)"
         policy = backend.policy
+        cap = self.serve_limits.max_samples_per_request
         if policy is None:
-            self.limits = Limits(vocab_size=0, max_len=0, max_prompt_chars=0)
+            self.limits = Limits(vocab_size=0, max_len=0, max_prompt_chars=0, max_samples=cap)
         else:
             self.limits = Limits(
                 vocab_size=policy.vocab_size,
                 max_len=policy.max_len,
                 # the engine's own bound: its longest token's characters per position
                 max_prompt_chars=policy.max_prompt_chars,
+                max_samples=cap,
             )
+
+    async def read_json(self, request: Request) -> Any:
+        """The body as JSON; a bad body is a ``ConfigError``. The body is refused past
+        ``max_body_bytes`` (``BodyTooLarge``), or not whole within ``body_timeout_s``
+        (``BodyTimeout``); while it is read and parsed its bytes count against the server's
+        ``max_buffered_body_bytes`` (``ServerBusy`` past it)."""
+        limits = self.serve_limits
+        cap = limits.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise BodyTooLarge(f"body: {declared} bytes; this server's max_body_bytes is {cap}")
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(limits.body_timeout_s):
+                async for chunk in request.stream():
+                    if size + len(chunk) > cap:
+                        raise BodyTooLarge(f"body: over {cap} bytes (max_body_bytes)")
+                    self.admission.take_body(len(chunk))
+                    size += len(chunk)
+                    chunks.append(chunk)
+            raw = b"".join(chunks)
+            chunks.clear()
+            if not raw.strip():
+                raise ConfigError("body", "expected a JSON object, got an empty body")
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise ConfigError("body", f"not valid JSON ({exc})") from None
+        except TimeoutError:
+            raise BodyTimeout(
+                f"body: not received within {limits.body_timeout_s} s (body_timeout_s)"
+            ) from None
+        finally:
+            self.admission.give_body(size)
 
     def decode_token(self, token_id: int) -> str:
         tokenizer = self.backend.tokenizer
@@ -95,8 +130,12 @@ class ServeContext:
         return await self.backend.flush_prefix_cache()
 
     # -- descriptions ----------------------------------------------------------------------
-    def load(self) -> dict[str, Any]:
-        """SGLang's ``/v1/loads`` core row (``load_snapshot.py`` ``LoadSnapshot``)."""
+    async def load(self) -> dict[str, Any]:
+        """SGLang's ``/v1/loads`` core row (``load_snapshot.py`` ``LoadSnapshot``), as the
+        engine stands now: ``flush()`` waits for the engine thread to handle every command
+        sent before it (the aborts of clients that just went away included) and refreshes
+        its figures, which otherwise change only when a step runs."""
+        await self.backend.flush()
         stats = self.backend.stats()
         total_blocks = stats.get("num_total_blocks", 0.0)
         used_blocks = total_blocks - stats.get("num_free_blocks", 0.0)
@@ -129,9 +168,9 @@ class ServeContext:
             "architectures": None,
         }
 
-    def server_info(self) -> dict[str, Any]:
+    async def server_info(self) -> dict[str, Any]:
         caps = self.backend.capabilities
-        load = self.load()
+        load = await self.load()
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.model_path,
@@ -147,6 +186,20 @@ class ServeContext:
             "engine_dedup": caps.engine_dedup,
             "saturation_batch": caps.saturation_batch,
             "internal_states": [load],
+            "serve_limits": dataclasses.asdict(self.serve_limits),
+            "in_flight": {
+                "samples": self.admission.samples,
+                "tokens": self.admission.tokens,
+                "body_bytes": self.admission.body_bytes,
+            },
+            "streams": dict(self.stream_stats),
+            "connections": None
+            if self.connections is None
+            else {
+                "open": self.connections.open,
+                "cap": self.connections.cap,
+                **self.connections.counts,
+            },
             **{k: load[k] for k in ("num_running_reqs", "num_waiting_reqs", "token_usage")},
             **{k: load[k] for k in ("kv_blocks_total", "kv_blocks_used", "kv_blocks_free")},
             "version": self.version,

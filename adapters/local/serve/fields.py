@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from spec_tot.errors import ConfigError
+from spec_tot.requests import check_text
 
 __all__ = [
     "Inert",
@@ -82,6 +83,7 @@ def stop_strings(value: Any, field: str) -> tuple[str, ...]:
     for i, item in enumerate(items):
         if not isinstance(item, str) or not item:
             raise ConfigError(f"{field}[{i}]", "expected a non-empty string")
+        check_text(item, f"{field}[{i}]")
     return tuple(items)
 
 

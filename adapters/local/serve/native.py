@@ -12,17 +12,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from spec_tot.errors import ConfigError
 
 from .classify import parse_classify, score_batch
-from .context import BodyTooLarge, ServeContext, read_json
+from .context import BodyTimeout, BodyTooLarge, ServeContext
 from .fields import check_known, opt_bool, opt_str
+from .limits import ServerBusy, prompt_tokens
 from .live import run_samples
 from .outputs import error_body, merge_updates, sample_json, sse
 from .schema import parse_generate
+from .streams import BoundedStream
 
 __all__ = ["guarded", "internal_error", "native_routes"]
 
@@ -33,18 +35,30 @@ def native_routes(ctx: ServeContext) -> list[Route]:
     backend = ctx.backend
 
     async def generate(request: Request) -> Response:
-        batch = parse_generate(await read_json(request), ctx.limits)
-        engine_requests = ctx.live.claim(batch)
+        body = await ctx.read_json(request)
+        held: list[Callable[[], None]] = []
+
+        def admit(samples: int, tokens: int) -> None:
+            field = "sampling_params.max_new_tokens"
+            held.append(ctx.admission.hold(samples, tokens, field))
+
+        try:
+            batch = parse_generate(body, ctx.limits, admit)
+            engine_requests = ctx.live.claim(batch)
+        except BaseException:
+            for release in held:
+                release()
+            raise
+        release = held[0]
         rids = [s.rid for s in batch.samples]
         if batch.stream:
-            return StreamingResponse(
-                _stream(ctx, batch, engine_requests, rids, request),
-                media_type="text/event-stream",
-            )
+            events = _stream(ctx, batch, engine_requests, rids)
+            return BoundedStream(events, ctx.serve_limits, release, ctx.stream_stats)
         try:
             results = await ctx.until_disconnect(request, run_samples(backend, engine_requests))
         finally:
             ctx.live.release(batch)
+            release()
         decode = ctx.decode_token
         outs = [
             sample_json(rid, r.completions[0].text, r.completions[0].token_ids, r,
@@ -54,7 +68,7 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return JSONResponse(outs[0] if batch.single else outs)
 
     async def abort_request(request: Request) -> Response:
-        body = await read_json(request)
+        body = await ctx.read_json(request)
         if not isinstance(body, dict):
             raise ConfigError("body", "expected a JSON object")
         check_known(body, {"rid", "abort_all", "abort_message"}, {})
@@ -72,7 +86,7 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return JSONResponse(ctx.model_info())
 
     async def server_info(_request: Request) -> Response:
-        return JSONResponse(ctx.server_info())
+        return JSONResponse(await ctx.server_info())
 
     async def flush_cache(_request: Request) -> Response:
         if await ctx.flush_prefix_cache():
@@ -86,12 +100,12 @@ def native_routes(ctx: ServeContext) -> list[Route]:
             {
                 "timestamp": time.time(),
                 "version": ctx.version,
-                "loads": [ctx.load()],
+                "loads": [await ctx.load()],
             }
         )
 
     async def metrics(_request: Request) -> Response:
-        load = ctx.load()
+        load = await ctx.load()
         lines = []
         for name, key in (
             ("sglang:num_running_reqs", "num_running_reqs"),
@@ -106,8 +120,13 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def classify(request: Request) -> Response:
-        batch = parse_classify(await read_json(request), backend.reward)
-        rows = await ctx.until_disconnect(request, score_batch(backend, batch))
+        batch = parse_classify(await ctx.read_json(request), backend.reward, ctx.limits.max_samples)
+        tokens = sum(prompt_tokens(p) for p in batch.prompts)
+        release = ctx.admission.hold(len(batch.prompts), tokens, batch.key)
+        try:
+            rows = await ctx.until_disconnect(request, score_batch(backend, batch))
+        finally:
+            release()
         return JSONResponse(rows[0] if batch.single else rows)
 
     return [
@@ -130,15 +149,24 @@ def guarded(
     handler: Callable[[Request], Awaitable[Response]],
 ) -> Callable[[Request], Awaitable[Response]]:
     """A ``ValueError`` from the input (``ConfigError`` names its field) is a 400, a body
-    over the size cap a 413; anything else is a server fault, answered as a JSON 500."""
+    over the size cap a 413, one too slow a 408, a server past an in-flight limit a 429 with
+    ``Retry-After``; anything else is a server fault, answered as a JSON 500."""
 
     async def run(request: Request) -> Response:
         try:
             return await handler(request)
         except ClientDisconnect:
             return Response(status_code=400)  # gone before its body arrived: nobody reads it
-        except BodyTooLarge as exc:
-            return JSONResponse(error_body(str(exc), "body", 413), status_code=413)
+        except ServerBusy as exc:
+            body = error_body(str(exc), exc.limit, 429)
+            retry = {"Retry-After": str(exc.retry_after_s)}
+            return JSONResponse(body, status_code=429, headers=retry)
+        except BodyTooLarge as exc:  # the rest of the body is never read: close after
+            body = error_body(str(exc), "body", 413)
+            return JSONResponse(body, status_code=413, headers={"Connection": "close"})
+        except BodyTimeout as exc:
+            body = error_body(str(exc), "body", 408)
+            return JSONResponse(body, status_code=408, headers={"Connection": "close"})
         except ConfigError as exc:
             return JSONResponse(error_body(str(exc), exc.field), status_code=400)
         except ValueError as exc:
@@ -158,7 +186,7 @@ def internal_error(exc: Exception) -> Response:
 
 
 async def _stream(
-    ctx: ServeContext, batch: Any, requests: list[Any], rids: list[str], request: Request
+    ctx: ServeContext, batch: Any, requests: list[Any], rids: list[str]
 ) -> AsyncIterator[bytes]:
     """One cumulative event per update of each sample (``index`` for a batch), then
     ``[DONE]``; an error mid-stream is one ``{"error": ...}`` event, as SGLang sends."""

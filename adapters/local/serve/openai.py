@@ -12,18 +12,26 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import Completion, FinishReason, GenerateRequest, GenerateResult
+from spec_tot.requests import (
+    Completion,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    check_text,
+)
 
-from .context import ServeContext, read_json
+from .context import ServeContext
 from .fields import Inert, check_known, opt_bool, opt_float, opt_int, stop_strings, token_ids
+from .limits import demand
 from .live import run_samples
 from .native import guarded
 from .outputs import error_body, merge_updates, sse
-from .schema import sample_sampling, sampling_params
+from .schema import check_samples, sample_sampling, sampling_params
+from .streams import BoundedStream
 
 __all__ = ["openai_routes"]
 
@@ -76,13 +84,18 @@ def openai_routes(ctx: ServeContext) -> list[Route]:
         return JSONResponse(card())
 
     async def completions(request: Request) -> Response:
-        body = _object(await read_json(request))
+        body = _object(await ctx.read_json(request))
         check_known(body, _COMMON | {"prompt"}, _COMPLETION_INERT)
-        prompts = _prompts(body.get("prompt"), ctx.limits.vocab_size)
+        raw = body.get("prompt")
+        if isinstance(raw, list) and raw and isinstance(raw[0], str | list):
+            # before any prompt is read: a 220 KB body once asked for 2.5 million samples
+            n = opt_int(body, "n", "n", 1, lo=1, hi=128)
+            check_samples(len(raw), n, ctx.limits.max_samples, "prompt")
+        prompts = _prompts(raw, ctx.limits.vocab_size)
         return await _respond(ctx, request, body, prompts, chat=False, default_max=16)
 
     async def chat(request: Request) -> Response:
-        body = _object(await read_json(request))
+        body = _object(await ctx.read_json(request))
         check_known(body, _COMMON | {"messages", "max_completion_tokens"}, _CHAT_INERT)
         if body.get("max_completion_tokens") is not None:
             body = {**body, "max_tokens": body["max_completion_tokens"]}
@@ -101,6 +114,7 @@ def render_chat(ctx: ServeContext, messages: Any) -> str:
     if not isinstance(messages, list) or not messages:
         raise ConfigError("messages", "expected a non-empty list of messages")
     plain = []
+    chars = 0
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise ConfigError(f"messages[{i}]", "expected an object with a role")
@@ -116,6 +130,12 @@ def render_chat(ctx: ServeContext, messages: Any) -> str:
             content = ""
         if not isinstance(content, str):
             raise ConfigError(f"messages[{i}].content", "expected a string or text parts")
+        check_text(msg["role"], f"messages[{i}].role")
+        check_text(content, f"messages[{i}].content")
+        chars += len(content) + len(msg["role"])
+        if chars > ctx.limits.max_prompt_chars:  # before rendering: it cannot fit anyway
+            raise ConfigError("messages", f"over {ctx.limits.max_prompt_chars} characters "
+                              f"cannot fit the engine's {ctx.limits.max_len} tokens")  # fmt: skip
         plain.append({"role": msg["role"], "content": content})
     tokenizer = ctx.backend.tokenizer
     if getattr(tokenizer, "chat_template", None):
@@ -132,9 +152,12 @@ def _object(body: Any) -> dict[str, Any]:
 
 def _prompts(prompt: Any, vocab_size: int) -> list[str | tuple[int, ...]]:
     if isinstance(prompt, str):
+        check_text(prompt, "prompt", allow_empty=False)
         return [prompt]
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
+            for i, p in enumerate(prompt):
+                check_text(p, f"prompt[{i}]", allow_empty=False)
             return list(prompt)
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
             return [token_ids(prompt, "prompt", vocab_size)]
@@ -164,12 +187,13 @@ async def _respond(
     if name not in (ctx.model_name, "default"):
         return _no_model(name)
     limits = ctx.limits
+    n = opt_int(body, "n", "n", 1, lo=1, hi=128)
+    check_samples(len(prompts), n, limits.max_samples, "n")
     for i, p in enumerate(prompts):
         if isinstance(p, str) and len(p) > limits.max_prompt_chars:
             raise ConfigError(f"prompt[{i}]", f"{len(p)} characters cannot fit the engine")
         if not isinstance(p, str) and len(p) >= limits.max_len:
             raise ConfigError(f"prompt[{i}]", f"{len(p)} tokens; the engine holds {limits.max_len}")
-    n = opt_int(body, "n", "n", 1, lo=1, hi=128)
     max_tokens = opt_int(body, "max_tokens", "max_tokens", default_max, lo=0)
     stop_ids = body.get("stop_token_ids")
     sampling = sampling_params(
@@ -188,18 +212,23 @@ async def _respond(
     if not isinstance(options, dict):
         raise ConfigError("stream_options", "expected an object")
     usage_chunk = opt_bool(options, "include_usage", "stream_options.include_usage", False)
-    live_id = f"openai-{uuid.uuid4().hex}"
-    requests = []
-    for i, p in enumerate(prompts):
-        for j in range(n):
-            requests.append(
-                GenerateRequest(
-                    request_id=f"{live_id}-{i}-{j}",
-                    sampling=sample_sampling(sampling, j),
-                    prompt=p if isinstance(p, str) else None,
-                    prompt_ids=None if isinstance(p, str) else p,
-                )
+    tokens = n * demand(prompts, [sampling.max_tokens] * len(prompts), limits.max_len)
+    release = ctx.admission.hold(len(prompts) * n, tokens, "max_tokens")  # before building
+    live_id = f"openai/{uuid.uuid4().hex}"  # one prefix abort stops all its samples
+    try:
+        requests = [
+            GenerateRequest(
+                request_id=f"{live_id}/{i}/{j}",
+                sampling=sample_sampling(sampling, j),
+                prompt=p if isinstance(p, str) else None,
+                prompt_ids=None if isinstance(p, str) else p,
             )
+            for i, p in enumerate(prompts)
+            for j in range(n)
+        ]
+    except BaseException:
+        release()
+        raise
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
         "created": int(time.time()),
@@ -207,8 +236,11 @@ async def _respond(
     }
     if stream:
         events = _events(ctx, requests, head, chat, usage_chunk, n)
-        return StreamingResponse(events, media_type="text/event-stream")
-    results = await ctx.until_disconnect(request, run_samples(ctx.backend, requests))
+        return BoundedStream(events, ctx.serve_limits, release, ctx.stream_stats)
+    try:
+        results = await ctx.until_disconnect(request, run_samples(ctx.backend, requests))
+    finally:
+        release()
     choices = [_choice(k, r.completions[0], chat) for k, r in enumerate(results)]
     usage = _usage(results, n)
     kind = "chat.completion" if chat else "text_completion"

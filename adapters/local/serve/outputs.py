@@ -12,6 +12,7 @@ from typing import Any
 from spec_tot.requests import Completion, FinishReason, GenerateRequest, GenerateResult
 
 from ..backend import LocalBackend
+from .live import engine_prefix
 
 __all__ = ["Update", "error_body", "finish_reason", "merge_updates", "sample_json", "sse"]
 
@@ -96,9 +97,17 @@ def logprob_meta(result: GenerateResult, opts: Any, decode: Any) -> dict[str, An
 
 
 def error_body(message: str, field: str | None = None, code: int = 400) -> dict[str, Any]:
-    """The error object SGLang and OpenAI clients read (``error.message``)."""
+    """The error object SGLang and OpenAI clients read (``error.message``). A message or
+    field may quote the client's text (an unknown key, a bad value): lone surrogates in it
+    are escaped, so the error itself always encodes as UTF-8."""
     kind = "invalid_request_error" if code < 500 else "internal_error"
-    return {"error": {"message": message, "type": kind, "param": field, "code": code}}
+    message = _encodable(message)
+    param = None if field is None else _encodable(field)
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def sse(payload: Any) -> bytes:
@@ -126,9 +135,15 @@ async def _one(
 async def merge_updates(
     backend: LocalBackend, requests: Sequence[GenerateRequest]
 ) -> AsyncIterator[Update]:
-    """Updates of every sample as they come (SGLang's ``_stream_batch_responses``)."""
-    queue: asyncio.Queue[Update | BaseException | None] = asyncio.Queue()
+    """Updates of every sample as they come (SGLang's ``_stream_batch_responses``). Updates
+    are cumulative, so while the consumer is slow (its client reads slowly, or not at all)
+    only each sample's latest one waits: what waits is bounded by the samples' own text,
+    never by how long the client stalls."""
+    latest: dict[int, Update] = {}  # index -> its newest update not yet taken
+    ready = asyncio.Event()
+    failures: list[BaseException] = []
     counted: dict[str, int] = {}
+    open_samples = len(requests)
 
     def prompt_tokens(request: GenerateRequest) -> int:
         # Tokenised on the event loop once per distinct prompt, not once per sample.
@@ -140,26 +155,33 @@ async def merge_updates(
         return counted[text]
 
     async def pump(index: int, request: GenerateRequest) -> None:
+        nonlocal open_samples
         try:
             async for update in _one(backend, index, request, prompt_tokens):
-                await queue.put(update)
+                latest.pop(index, None)  # a newer update replaces the untaken one
+                latest[index] = update
+                ready.set()
         except Exception as exc:
-            await queue.put(exc)
+            failures.append(exc)
         finally:
-            await queue.put(None)
+            open_samples -= 1
+            ready.set()
 
     tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
     try:
-        left = len(tasks)
-        while left:
-            item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield item
+        while True:
+            await ready.wait()
+            ready.clear()
+            if failures:
+                raise failures[0]
+            while latest:
+                index = next(iter(latest))
+                yield latest.pop(index)
+            if not open_samples and not latest:
+                return
     finally:
+        if open_samples:  # stopped early: one prefix abort, not one engine scan per sample
+            await backend.abort(engine_prefix(requests))
         for task in tasks:
-            task.cancel()  # a cancelled sample is aborted in the engine by the backend
+            task.cancel()  # the backend drops what is left of each sample
         await asyncio.gather(*tasks, return_exceptions=True)

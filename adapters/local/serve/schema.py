@@ -10,11 +10,12 @@ does not implement is accepted only at its no-op default; anything else is a 400
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from spec_tot.errors import ConfigError
-from spec_tot.requests import GenerateRequest, Priority, SamplingParams
+from spec_tot.requests import GenerateRequest, Priority, SamplingParams, check_text
 
 from ..._common import sample_seed
 from .fields import (
@@ -26,6 +27,7 @@ from .fields import (
     stop_strings,
     token_ids,
 )
+from .limits import demand
 
 __all__ = [
     "MAX_SAMPLES",
@@ -33,6 +35,7 @@ __all__ = [
     "Limits",
     "Logprobs",
     "Sample",
+    "check_samples",
     "is_nested",
     "parse_generate",
     "request_ids",
@@ -91,7 +94,7 @@ _TOP = {
     "return_text_in_logprobs",
     "no_logs", "custom_labels", "routing_key", "conversation_id", "extra_key",
 }  # fmt: skip
-MAX_SAMPLES = 4096  # per HTTP request (prompts x n)
+MAX_SAMPLES = 4096  # per HTTP request (prompts x n), unless ServeLimits says otherwise
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +104,7 @@ class Limits:
     vocab_size: int
     max_len: int  # prompt + output tokens
     max_prompt_chars: int  # a text longer than this cannot fit: refused before tokenising
+    max_samples: int = MAX_SAMPLES  # per request: prompts x n (ServeLimits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +138,13 @@ _SGLANG_NAME = {"max_tokens": "max_new_tokens", "seed": "sampling_seed", "min_to
                 "min_new_tokens"}  # fmt: skip
 
 
-def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
-    """Validate a ``/generate`` body; a bad field raises ``ConfigError`` naming it."""
+def parse_generate(
+    body: Any, limits: Limits, admit: Callable[[int, int], None] | None = None
+) -> GenerateBatch:
+    """Validate a ``/generate`` body; a bad field raises ``ConfigError`` naming it.
+    ``admit(samples, tokens)`` is called once every field is checked and before any sample
+    is built (``Admission.hold``: a full server refuses a request for what it costs to
+    read, never for what it costs to build)."""
     if not isinstance(body, dict):
         raise ConfigError("body", "expected a JSON object")
     check_known(body, _TOP, _INERT_TOP)
@@ -145,19 +154,14 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
     if isinstance(params, list):
         if len(params) != count:
             raise ConfigError("sampling_params", f"{len(params)} entries for {count} prompts")
-        plist = params
+        parsed = [_sampling(p, limits, f"sampling_params[{i}]") for i, p in enumerate(params)]
     else:
-        plist = [params] * count
-    parsed = [
-        _sampling(p, limits, "sampling_params" + (f"[{i}]" if isinstance(params, list) else ""))
-        for i, p in enumerate(plist)
-    ]
+        parsed = [_sampling(params, limits, "sampling_params")] * count
     ns = {n for _, n, _ in parsed}
     if len(ns) > 1:
         raise ConfigError("sampling_params.n", "must be the same for every prompt of a batch")
     n = ns.pop()
-    if count * n > MAX_SAMPLES:
-        raise ConfigError("sampling_params.n", f"{count} x {n} samples; at most {MAX_SAMPLES}")
+    check_samples(count, n, limits.max_samples, "sampling_params.n")
     batch = isinstance(body.get(key), list) and (key == "text" or is_nested(body.get(key)))
     item_rids = request_ids(body.get("rid"), count, batch)
     priority = opt_int(body, "priority", "priority", 0)
@@ -168,6 +172,9 @@ def parse_generate(body: Any, limits: Limits) -> GenerateBatch:
             (replace(sp, logprobs=logprobs.top, logprob_token_ids=logprobs.given), n_, k)
             for sp, n_, k in parsed
         ]
+    if admit is not None:
+        max_tokens = [sp.max_tokens for sp, _, _ in parsed]
+        admit(count * n, n * demand(prompts, max_tokens, limits.max_len))
     samples = []
     for i, prompt in enumerate(prompts):
         sampling, _, interval = parsed[i]
@@ -236,10 +243,12 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
         texts = text if isinstance(text, list) else [text]
         if not texts:
             raise ConfigError("text", "is an empty batch")
+        check_samples(len(texts), None, limits.max_samples, "text")
         for i, t in enumerate(texts):
             field = f"text[{i}]" if isinstance(text, list) else "text"
             if not isinstance(t, str):
                 raise ConfigError(field, "expected a string")
+            check_text(t, field, allow_empty=False)
             if len(t) > limits.max_prompt_chars:
                 raise ConfigError(
                     field,
@@ -249,6 +258,7 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     if not isinstance(ids, list):
         raise ConfigError("input_ids", "expected a list of token ids or a list of such lists")
     rows = ids if is_nested(ids) else [ids]
+    check_samples(len(rows), None, limits.max_samples, "input_ids")
     out: list[str | tuple[int, ...]] = []
     for i, row in enumerate(rows):
         field = f"input_ids[{i}]" if rows is ids else "input_ids"
@@ -259,18 +269,32 @@ def _prompts(body: dict[str, Any], limits: Limits) -> tuple[list[str | tuple[int
     return out, "input_ids"
 
 
+def check_samples(prompts: int, n: int | None, cap: int, field: str) -> None:
+    """``prompts x n`` samples within ``cap`` (``max_samples_per_request``), checked before
+    any sample is built (``n`` None: not read yet, at least 1): a ``ConfigError`` naming
+    ``field`` and the limit."""
+    if prompts * (n or 1) > cap:
+        made = f"x n={n} make {prompts * n}" if n is not None else f"make at least {prompts}"
+        raise ConfigError(
+            field,
+            f"{prompts} prompts {made} samples; this server's max_samples_per_request is {cap}",
+        )
+
+
 def request_ids(rid: Any, count: int, batch: bool) -> list[str]:
     if rid is None:
         return [uuid.uuid4().hex for _ in range(count)]
     if isinstance(rid, str):
         if not rid:
             raise ConfigError("rid", "must be a non-empty string")
+        check_text(rid, "rid")  # echoed in every answer: it must encode
         return [f"{rid}_{i}" for i in range(count)] if batch else [rid]
     if not isinstance(rid, list) or len(rid) != count:
         raise ConfigError("rid", f"expected a string or a list of {count} strings")
     for i, r in enumerate(rid):
         if not isinstance(r, str) or not r:
             raise ConfigError(f"rid[{i}]", "expected a non-empty string")
+        check_text(r, f"rid[{i}]")
     if len(set(rid)) != len(rid):
         raise ConfigError("rid", "request ids in a batch must be unique")
     return list(rid)
@@ -300,6 +324,6 @@ def _sampling(params: Any, limits: Limits, field: str) -> tuple[SamplingParams, 
         min_tokens=opt_int(params, "min_new_tokens", f + "min_new_tokens", 0, lo=0),
         ignore_eos=opt_bool(params, "ignore_eos", f + "ignore_eos", False),
     )
-    n = opt_int(params, "n", f + "n", 1, lo=1, hi=MAX_SAMPLES)
+    n = opt_int(params, "n", f + "n", 1, lo=1, hi=limits.max_samples)
     interval = opt_int(params, "stream_interval", f + "stream_interval", 1, lo=1)
     return sampling, n, interval
