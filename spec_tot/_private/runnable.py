@@ -179,7 +179,7 @@ def _langgraph_stream_writer() -> Callable[[Any], None] | None:
         return None
     try:
         writer: Callable[[Any], None] = config_module.get_stream_writer()
-    except RuntimeError:  # not inside a run
+    except (RuntimeError, KeyError):  # not inside a LangGraph run (or no runnable at all)
         return None
     return writer
 
