@@ -66,6 +66,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spec_tot' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 __all__ = [
     "END",
     "START",
