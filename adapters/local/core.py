@@ -174,6 +174,9 @@ class EngineCore:
             self._emit(Pong(command.call, os.getpid()))
             return
         if isinstance(command, Inspect):
+            # Scores run on their own thread: wait for those sent earlier (FIFO, one worker),
+            # or the report would count a running score's blocks as left behind.
+            self._prm_pool.submit(lambda: None).result()
             self._emit(Pong(command.call, os.getpid(), self.pool_report()))
             return
         if engine is None:
