@@ -15,7 +15,10 @@ order; round 0 is a warm-up and dropped; the prefix cache is flushed before each
   event loop (an executor-like duty cycle); output tokens/s, and busy/alone per kind.
 - ``start``: wall seconds of ``spec-tot run --queries 1`` in a fresh interpreter, default vs
   ``--backend-opt process=false`` (start-up dominates: imports, model loads, calibration
-  from its cache); the difference of medians with its bootstrap interval.
+  from its cache), to the process's exit (``exit_s``, what a shell waits for) and to the
+  end of its output pipes (``drained_s``: a child that inherited them counts); and
+  ``ready``: a fresh interpreter that starts the CLI's backend and waits until it answers
+  (``ready_s``), so start-up alone. Per-round differences, median and bootstrap interval.
 
 Run each under ``/work/bin/cpu-lock bench`` (or alone on the machine); JSON via ``--json``,
 one summary line per scenario.
@@ -35,6 +38,7 @@ import random
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,25 +54,32 @@ KINDS: dict[str, dict[str, Any]] = {
 }
 
 
-def bootstrap(values: list[float], stat: Callable[[list[float]], float] = statistics.median,
-              n: int = 2000, seed: int = 0) -> tuple[float, float]:  # fmt: skip
-    """95% percentile interval of ``stat`` over resamples of ``values``."""
+def bootstrap(
+    values: list[float],
+    stat: Callable[[list[float]], float] = statistics.median,
+    n: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """``level`` percentile interval of ``stat`` over resamples of ``values``."""
     rng = random.Random(seed)
     draws = sorted(stat(rng.choices(values, k=len(values))) for _ in range(n))
-    return draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
+    tail = (1.0 - level) / 2
+    return draws[int(tail * n)], draws[int((1.0 - tail) * n) - 1]
 
 
 def _cell(values: list[float]) -> dict[str, Any]:
     mean = statistics.fmean(values)
     cv = statistics.stdev(values) / mean if len(values) > 1 and mean else 0.0
     return {"values": values, "median": statistics.median(values), "ci95": bootstrap(values),
-            "cv": cv}  # fmt: skip
+            "ci90": bootstrap(values, level=0.9), "cv": cv}  # fmt: skip
 
 
 def _ratio(num: list[float], den: list[float]) -> dict[str, Any]:
     """Per-round ratios (same round: minutes apart at most) and their median's interval."""
     ratios = [a / b for a, b in zip(num, den, strict=True)]
-    return {"ratios": ratios, "median": statistics.median(ratios), "ci95": bootstrap(ratios)}
+    return {"ratios": ratios, "median": statistics.median(ratios), "ci95": bootstrap(ratios),
+            "ci90": bootstrap(ratios, level=0.9)}  # fmt: skip
 
 
 def _local_options(kind: str) -> dict[str, Any]:
@@ -108,10 +119,12 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
     for rnd in range(args.rounds + 1):
         order = cells[:]
         rng.shuffle(order)
+        # the warm-up (imports, the fork server's start) is dropped: it may run fewer queries
+        queries = args.queries if rnd else args.warmup_queries or args.queries
         for kind, conc in order:
-            out = asyncio.run(_main_job(kind, conc, args.queries))
+            out = asyncio.run(_main_job(kind, conc, queries))
             print(f"round {rnd} {kind}@{conc}: {out['queries_per_s']:.2f} q/s "
-                  f"{out['solved']}/{args.queries}", flush=True)  # fmt: skip
+                  f"{out['solved']}/{queries}", flush=True)  # fmt: skip
             if rnd:
                 runs[f"{kind}@{conc}"].append(out)
     result: dict[str, Any] = {"cells": {}, "vs_thread": {}, "answers_equal": {}}
@@ -130,12 +143,12 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
         result["answers_equal"][key] = same
     parts = []
     for key, ratio in result["vs_thread"].items():
-        lo, hi = ratio["ci95"]
+        lo, hi = ratio["ci90"]
         cv_p = result["cells"][key]["cv"]
         cv_t = result["cells"]["thread@" + key.split("@")[1]]["cv"]
         parts.append(f"{key} {ratio['median']:.2f}x thread [{lo:.2f}, {hi:.2f}] "
                      f"cv {cv_p:.3f} vs {cv_t:.3f}")  # fmt: skip
-    result["summary"] = "main job: " + "; ".join(parts)
+    result["summary"] = "main job (90% intervals): " + "; ".join(parts)
     return result
 
 
@@ -206,38 +219,99 @@ def run_gil(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- start-up --------------------------------------------------------------------------------
+_READY = """
+import asyncio, sys
+from spec_tot.backends import default_registry
+from spec_tot.graphs.game24 import PROGRAM
+options = {**PROGRAM.backend_options("local"), **dict(a.split("=") for a in sys.argv[1:])}
+options = {k: v == "True" if v in ("True", "False") else v for k, v in options.items()}
+backend = default_registry().create("local", **options)
+async def go():
+    await backend.check_health()
+    print("ready", flush=True)
+    await backend.aclose()
+asyncio.run(go())
+"""
+
+
+def _timed(command: list[str], marker: bytes | None) -> dict[str, float]:
+    """Seconds until ``marker`` on stdout (when given), until the process exits (what a
+    shell waits for) and until its stdout and stderr close (what a caller capturing them
+    waits for: children that inherited them count). Both pipes are read as they fill."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: dict[str, float] = {}
+    err: list[bytes] = []
+
+    def drain(pipe: Any, sink: list[bytes] | None) -> None:
+        for line in pipe:
+            if marker is not None and sink is None and line.strip() == marker:
+                out.setdefault("ready_s", time.perf_counter() - start)
+            if sink is not None:
+                sink.append(line)
+
+    readers = [threading.Thread(target=drain, args=(proc.stdout, None)),
+               threading.Thread(target=drain, args=(proc.stderr, err))]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    code = proc.wait()
+    out["exit_s"] = time.perf_counter() - start
+    for reader in readers:
+        reader.join()
+    out["drained_s"] = time.perf_counter() - start
+    if code != 0 or (marker is not None and "ready_s" not in out):
+        raise RuntimeError(f"{command} exited {code}: {b''.join(err).decode()[-2000:]}")
+    return out
+
+
 def run_start(args: argparse.Namespace) -> dict[str, Any]:
     exe = Path(sys.executable).with_name("spec-tot")
-    commands = {
-        "process": [str(exe), "run", "--queries", "1"],
-        "thread": [str(exe), "run", "--queries", "1", "--backend-opt", "process=false"],
+    run = [str(exe), "run", "--queries", "1"]
+    # kind -> (command, stdout marker): the CLI's wall time, and a fresh interpreter that
+    # only starts the CLI's backend and waits until it answers (start-up alone)
+    commands: dict[str, tuple[list[str], bytes | None]] = {
+        "process": (run, None),
+        "thread": ([*run, "--backend-opt", "process=false"], None),
+        "process_ready": ([sys.executable, "-c", _READY], b"ready"),
+        "thread_ready": ([sys.executable, "-c", _READY, "process=False"], b"ready"),
     }
     rng = random.Random(args.seed)
-    runs: dict[str, list[float]] = {k: [] for k in commands}
+    runs: dict[str, list[dict[str, float]]] = {k: [] for k in commands}
     for rnd in range(args.rounds + 1):
         order = list(commands)
         rng.shuffle(order)
         for kind in order:
-            start = time.perf_counter()
-            subprocess.run(commands[kind], check=True, capture_output=True, env=os.environ)
-            wall = time.perf_counter() - start
-            print(f"round {rnd} {kind}: {wall:.2f} s", flush=True)
+            got = _timed(*commands[kind])
+            print(f"round {rnd} {kind}: " + " ".join(f"{k} {v:.2f}" for k, v in got.items()),
+                  flush=True)  # fmt: skip
             if rnd:
-                runs[kind].append(wall)
-    diffs = [a - b for a, b in zip(runs["process"], runs["thread"], strict=True)]
-    result = {
-        "cells": {k: _cell(v) for k, v in runs.items()},
-        "process_minus_thread_s": {
-            "values": diffs,
-            "median": statistics.median(diffs),
-            "ci95": bootstrap(diffs),
-        },
-    }
-    d = result["process_minus_thread_s"]
+                runs[kind].append(got)
+    result: dict[str, Any] = {"cells": {}, "process_minus_thread_s": {}}
+    for kind, outs in runs.items():
+        for metric in outs[0]:
+            result["cells"][f"{kind}.{metric}"] = _cell([o[metric] for o in outs])
+    pairs = {"run": ("process", "thread"), "ready": ("process_ready", "thread_ready")}
+    for name, (proc_kind, thread_kind) in pairs.items():
+        for metric in runs[proc_kind][0]:
+            diffs = [a[metric] - b[metric]
+                     for a, b in zip(runs[proc_kind], runs[thread_kind], strict=True)]  # fmt: skip
+            result["process_minus_thread_s"][f"{name}.{metric}"] = {
+                "values": diffs, "median": statistics.median(diffs), "ci95": bootstrap(diffs),
+                "ci90": bootstrap(diffs, level=0.9),
+            }  # fmt: skip
+    cells = result["cells"]
+    parts = []
+    for key, d in result["process_minus_thread_s"].items():
+        name, metric = key.split(".")
+        proc_kind, thread_kind = pairs[name]
+        parts.append(
+            f"{key}: process {cells[f'{proc_kind}.{metric}']['median']:.2f} s, thread "
+            f"{cells[f'{thread_kind}.{metric}']['median']:.2f} s, {d['median']:+.2f} s "
+            f"[{d['ci90'][0]:+.2f}, {d['ci90'][1]:+.2f}]"
+        )
     result["summary"] = (
-        f"spec-tot run --queries 1: process {result['cells']['process']['median']:.2f} s, "
-        f"thread {result['cells']['thread']['median']:.2f} s, difference {d['median']:+.2f} s "
-        f"[{d['ci95'][0]:+.2f}, {d['ci95'][1]:+.2f}]"
+        "start-up (spec-tot run --queries 1; ready: the backend answers; 90% intervals): "
+        + "; ".join(parts)
     )
     return result
 
@@ -249,6 +323,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="thread,process")
     parser.add_argument("--concurrency", default="1,32,64")
     parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--warmup-queries", type=int, help="main: queries of the warm-up round")
     parser.add_argument("--burn-ms", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="shuffles the order of cells")
     parser.add_argument("--json", type=Path)

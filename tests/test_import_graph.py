@@ -90,13 +90,15 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 def test_importing_spec_tot_leaves_langgraph_and_the_chat_models_unloaded() -> None:
-    """``import spec_tot`` stays light (a CLI start, a worker process): LangGraph and the
-    chat models load on first use of a name that needs them, and then resolve as usual."""
+    """``import spec_tot`` stays light (a CLI start, a worker process such as the engine's
+    own): LangChain, LangGraph and the chat models load on first use of a name that needs
+    them, and then resolve as usual."""
     code = (
-        "import sys, spec_tot\n"
-        "heavy = [m for m in ('langgraph', 'spec_tot.langgraph', 'spec_tot.chat_model',"
-        " 'spec_tot.chat_spec_tot') if m in sys.modules]\n"
+        "import sys, spec_tot, spec_tot.adapters.local.core_process\n"
+        "heavy = [m for m in ('langchain_core', 'langgraph', 'spec_tot.langgraph',"
+        " 'spec_tot.chat_model', 'spec_tot.chat_spec_tot') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
+        "assert 'ToTApp' in dir(spec_tot) and spec_tot.ToTApp.__module__ == 'spec_tot.app'\n"
         "from spec_tot import ChatSpecTot, ToTChatModel, from_langgraph\n"
         "assert 'langgraph' in sys.modules and callable(from_langgraph)\n"
         "assert ChatSpecTot.__module__ == 'spec_tot.chat_spec_tot'\n"

@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -137,11 +138,21 @@ def fork_server(sock: socket.socket) -> None:
     encode = msgspec.msgpack.Encoder().encode
     decode = msgspec.msgpack.Decoder(ForkRequest).decode
     children: set[int] = set()
+    # A core's end wakes the loop (SIGCHLD through a wake-up pipe), so its exit code reaches
+    # the backend at once: ``ProcessLink.close`` waits for it.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     while True:
-        readable, _, _ = select.select([sock], [], [], _WATCH_S)
-        for pid, code in _reap(children):
-            _send(sock, encode(Exited(pid, code)))
-        if not readable:
+        readable, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            for pid, code in _reap(children):
+                _send(sock, encode(Exited(pid, code)))
+        if sock not in readable:
             continue
         try:
             data, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 1)
@@ -150,25 +161,43 @@ def fork_server(sock: socket.socket) -> None:
         if not data:  # the backend's process is gone: so are its cores
             for pid in children:
                 _kill(pid)
-            return
+            # Nothing here needs finalizing, and tearing down an interpreter with torch
+            # imported takes a second or more, during which this process still holds the
+            # backend's stdout and stderr (a caller reading them to the end waits for it).
+            os._exit(0)
         request = decode(data)
         pid = os.fork()
         if pid == 0:  # the core
             sock.close()
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(wake_r)
+            os.close(wake_w)
             _become(request)
-            code = 0
-            try:
-                serve_core(Connection(fds[0]))
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 0
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
+            _serve_then_exit(Connection(fds[0]))
         for fd in fds:
             os.close(fd)
         children.add(pid)
         _send(sock, encode(Forked(pid)))
+
+
+def _serve_then_exit(conn: Connection) -> None:
+    """``serve_core``, then end the process without finalizing the interpreter: a core has
+    nothing to flush, and tearing down torch takes a second or more that the backend's
+    ``close`` would wait for."""
+    code = 0
+    try:
+        serve_core(conn)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 def _reap(children: set[int]) -> list[tuple[int, int]]:
@@ -212,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     group.add_argument("--fork-server", type=int, metavar="FD")
     args = parser.parse_args(argv)
     if args.core is not None:
-        serve_core(Connection(args.core))
+        _serve_then_exit(Connection(args.core))
     else:
         fork_server(socket.socket(fileno=args.fork_server))
 
