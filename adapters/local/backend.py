@@ -118,10 +118,12 @@ class LocalBackend(GenerationBackend, RewardBackend):
         if hit is not None and isinstance(hit.get("curve"), dict):
             curve = {int(b): float(t) for b, t in hit["curve"].items()}
         if not curve or disturbed(curve):  # a disturbed curve is measured again
-            curve = step_cost_curve(engine)
+            with engine.plain_decoding():
+                curve = step_cost_curve(engine)
             if not disturbed(curve):
                 self._cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
         self._step_curve = curve
+        engine.use_step_costs(curve)
         return saturation_from_curve(curve, cfg.max_num_seqs)
 
     def _calibrate_prm(self, prm: PrmScorer) -> tuple[int, float]:
