@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import statistics
@@ -124,11 +125,12 @@ def _requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
     return out
 
 
-def _replay(engine: Any, requests: list[Any], batch: int) -> dict[str, float]:
-    """Closed loop: ``batch`` requests in flight; output tokens per second."""
+def _replay(engine: Any, requests: list[Any], batch: int, tag: str) -> dict[str, float]:
+    """Closed loop: ``batch`` requests in flight; output tokens per second. Request ids get
+    ``tag`` (each run its own trees: no drafter finds an earlier run's output)."""
     engine.block_manager.reset_prefix_cache()
     before = engine.stats()
-    pending = list(requests)
+    pending = [dataclasses.replace(r, request_id=f"{tag}{r.request_id}") for r in requests]
     inflight = 0
     tokens = 0
     started, cpu = time.perf_counter(), time.process_time()
@@ -174,7 +176,8 @@ def _engines(args: argparse.Namespace) -> dict[str, Any]:
         if args.per_drafter:
             variants["game24_only"] = {"drafter": program["drafter"], "ngram_max": 0}
             variants["ngram_only"] = {}
-    common.update(max_num_seqs=max(64, args.batch), num_kv_blocks=args.kv_blocks)
+    seqs = max(8, args.batch) if args.model is not None else max(64, args.batch)
+    common.update(max_num_seqs=seqs, num_kv_blocks=args.kv_blocks)
     engines = {}
     curve = None
     for name, extra in variants.items():
@@ -201,7 +204,8 @@ def _engine_bench(args: argparse.Namespace) -> dict[str, Any]:
         rng.shuffle(order)
         tps: dict[str, float] = {}
         for name in order:
-            stats = _replay(engines[name], requests, args.batch)
+            work = requests if r else requests[: args.warmup_requests or len(requests)]
+            stats = _replay(engines[name], work, args.batch, f"{r}{name}")
             tps[name] = stats["tokens_per_s"]
             runs.append({"round": r, "variant": name, **stats})
             print(f"round {r} {name:12s} {_engine_line(stats)}", flush=True)
@@ -269,7 +273,7 @@ async def _job_bench(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     try:
         for r in range(args.rounds + 1):
-            seed = seeds[r % len(seeds)] if r else seeds[0]
+            seed = seeds[(r - 1) % len(seeds)] if r else seeds[0]
             order = list(variants)
             rng.shuffle(order)
             qps: dict[str, float] = {}
@@ -279,7 +283,8 @@ async def _job_bench(args: argparse.Namespace) -> dict[str, Any]:
                 before = backend.stats()
                 config = ExecutorConfig(mode=mode, seed=seed, max_concurrency=args.concurrency)
                 app = compile_game24(search=args.search, backend=backend, config=config)
-                batch = await app.arun_batch(game24_inputs(args.queries))
+                queries = args.queries if r else args.warmup_queries or args.queries
+                batch = await app.arun_batch(game24_inputs(queries))
                 m = batch.metrics
                 after = backend.stats()
                 delta = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("num_")}
@@ -344,6 +349,7 @@ def _args() -> argparse.Namespace:
     eng.add_argument("--requests", type=int, default=200)
     eng.add_argument("--kv-blocks", type=int, default=2048)
     eng.add_argument("--per-drafter", action="store_true", help="also each drafter alone")
+    eng.add_argument("--warmup-requests", type=int, default=0, help="warm-up size (0: all)")
     job = sub.add_parser("job")
     job.add_argument("--search", default="rebase")
     job.add_argument("--modes", default="full")
@@ -352,6 +358,7 @@ def _args() -> argparse.Namespace:
     job.add_argument("--concurrency", type=int, default=32)
     job.add_argument("--queries", type=int, default=100)
     job.add_argument("--seeds", default="0,1,2")
+    job.add_argument("--warmup-queries", type=int, default=0, help="warm-up size (0: all)")
     for p in (eng, job):
         p.add_argument("--rounds", type=int, default=5, help="measured rounds (+1 warm-up)")
         p.add_argument("--seed", type=int, default=0, help="the shuffle's seed")

@@ -133,6 +133,7 @@ class Game24Drafter(Drafter):
         self._eq = self._ids.get("=")
         self._newline = self._ids.get("\n")
         self._numbers: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._drafts: OrderedDict[tuple[Any, tuple[int, ...]], list[int]] = OrderedDict()
 
     def _numbers_before(self, prompt: tuple[int, ...]) -> Any:
         """Numbers left after the prompt's puzzle line and steps (None: not a Game-of-24
@@ -160,13 +161,17 @@ class Game24Drafter(Drafter):
         numbers = self._numbers_before(tuple(tokens[:start]))
         if numbers is None:
             return ()
-        rest = task.forced_suffix(numbers, "".join(self._text[t] for t in line))
-        if not rest:
-            return ()
-        ids = [self._ids.get(ch) for ch in rest + "\n"]
-        if any(i is None for i in ids):
-            return ()
-        return [i for i in ids[: context.limit] if i is not None]
+        key = (numbers, tuple(line))
+        ids = self._drafts.get(key)
+        if ids is None:  # siblings write the same partial steps: computed once
+            rest = task.forced_suffix(numbers, "".join(self._text[t] for t in line))
+            chars = [self._ids.get(ch) for ch in rest + "\n"] if rest else []
+            ids = self._drafts[key] = [i for i in chars if i is not None]
+            if len(ids) < len(chars):
+                ids.clear()  # a character the tokenizer cannot write as one token
+            if len(self._drafts) > 1 << 14:
+                self._drafts.popitem(last=False)
+        return ids[: context.limit]
 
 
 def game24_drafter(tokenizer: Any) -> Game24Drafter:

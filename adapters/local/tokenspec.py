@@ -85,7 +85,7 @@ class StepCost:
     (tokens past one per row), fitted by decayed least squares to a prior (the calibrated
     decode curve, as pseudo-observations) and to measured steps."""
 
-    # A decode curve's shape, for an engine given none: scaled to its first measured step.
+    # A decode curve's shape, for an engine given none: scaled to its first measured steps.
     _SHAPE: ClassVar[dict[int, float]] = {1: 1.0, 8: 1.7, 32: 4.2}
 
     def __init__(self, curve: dict[int, float] | None = None) -> None:
@@ -93,15 +93,22 @@ class StepCost:
         self._b = np.zeros(4)
         self._prior_a = np.zeros((4, 4))
         self._prior_b = np.zeros(4)
-        self._steps = 0
-        self._scaled = curve is not None
-        self.coef = np.zeros(4)
-        self.set_curve(curve or self._SHAPE)
+        self._pending: list[tuple[float, float, float, float, float]] = []
+        self.coef = (0.0, 0.0, 0.0, 0.0)
+        self._scaled = False
+        self._prior(self._SHAPE)
+        if curve is not None:
+            self.set_curve(curve)
 
     def set_curve(self, curve: dict[int, float]) -> None:
-        """Prior from a decode-batch curve (``rows -> seconds``): rows as measured, and
-        drafted and prompt tokens charged like rows (conservative: a drafted token costs
-        less than a row, which also pays for sampling and bookkeeping)."""
+        """The calibrated decode curve (``rows -> seconds``) as the prior."""
+        self._scaled = True
+        self._prior(curve)
+
+    def _prior(self, curve: dict[int, float]) -> None:
+        """Prior pseudo-observations from a decode-batch curve: rows as measured, drafted and
+        prompt tokens charged like rows (conservative: a drafted token costs less than a
+        row, which also pays for sampling and bookkeeping)."""
         self._prior_a[:] = 0.0
         self._prior_b[:] = 0.0
         points = sorted(curve.items())
@@ -113,36 +120,46 @@ class StepCost:
                 self._prior_b += x * (seconds + slope * (drafted + prompt))
         self.coef = self._solve()
 
-    def _solve(self) -> np.ndarray:
+    def _solve(self) -> tuple[float, float, float, float]:
+        if self._pending:  # fold the buffered steps in, each decayed by its age
+            x = np.array([p[:4] for p in self._pending])
+            y = np.array([p[4] for p in self._pending])
+            w = _COST_DECAY ** np.arange(len(x) - 1, -1, -1)
+            keep = _COST_DECAY ** len(x)
+            self._a = keep * self._a + (x * w[:, None]).T @ x
+            self._b = keep * self._b + (x * w[:, None]).T @ y
+            self._pending.clear()
         try:
             coef = np.linalg.solve(
                 self._a + self._prior_a + 1e-12 * np.eye(4), self._b + self._prior_b
             )
         except np.linalg.LinAlgError:
             return self.coef
-        return np.maximum(coef, 1e-7)  # a cost is never negative
+        fixed, per_row, per_token, per_prompt = (max(float(c), 1e-7) for c in coef)
+        return fixed, per_row, per_token, per_prompt  # a cost is never negative
 
-    def predict(self, rows: int, drafted: int, prompt: int) -> float:
+    def predict(self, rows: float, drafted: float, prompt: float) -> float:
         fixed, per_row, per_token, per_prompt = self.coef
-        return float(fixed + per_row * rows + per_token * drafted + per_prompt * prompt)
+        return fixed + per_row * rows + per_token * drafted + per_prompt * prompt
 
     @property
     def per_token(self) -> float:
-        return float(self.coef[2])
+        return self.coef[2]
 
     def observe(self, rows: int, drafted: int, prompt: int, seconds: float) -> None:
-        if not self._scaled:  # the shape prior, in this engine's seconds
-            scale = seconds / max(self.predict(rows, drafted, prompt), 1e-9)
+        if self._scaled:  # a step the machine stalled says little about this engine's costs
+            seconds = min(seconds, 3.0 * self.predict(rows, drafted, prompt))
+        self._pending.append((1.0, rows, drafted, prompt, seconds))
+        if len(self._pending) < 16:
+            return
+        if not self._scaled:  # no curve given: the shape, scaled to the median step seen
+            ratios = sorted(p[4] / max(self.predict(*p[1:4]), 1e-12) for p in self._pending)
+            scale = ratios[len(ratios) // 2]
+            self._pending = [
+                (*p[:4], min(p[4], 3.0 * scale * self.predict(*p[1:4]))) for p in self._pending
+            ]
             self.set_curve({b: t * scale for b, t in self._SHAPE.items()})
-            self._scaled = True
-        # a step the machine stalled says little about this engine's costs
-        seconds = min(seconds, 3.0 * self.predict(rows, drafted, prompt))
-        x = np.array([1.0, rows, drafted, prompt])
-        self._a = _COST_DECAY * self._a + np.outer(x, x)
-        self._b = _COST_DECAY * self._b + x * seconds
-        self._steps += 1
-        if self._steps % 8 == 0:
-            self.coef = self._solve()
+        self.coef = self._solve()
 
 
 class AcceptanceStats:
