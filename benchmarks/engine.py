@@ -1,9 +1,11 @@
 """Embedded engine throughput, two workloads, one process, variants interleaved.
 
 1. **Static batches** vs transformers' static ``generate``: the same model (a random-init
-   4-layer, 128-wide Llama unless ``--model PATH``), the same prompts, greedy, a fixed number
-   of new tokens (EOS ignored), batch sizes 1..64. For each batch the variants run in turn,
-   ``--repeats`` rounds; each keeps its best round (noise on a shared machine only slows).
+   4-layer, 128-wide Llama unless ``--model PATH``, e.g. the SmolLM2 folder of
+   ``scripts/fetch_smollm2.py``), the same prompts, greedy, a fixed number of new tokens (EOS
+   ignored), batch sizes 1..64. Interleaved rounds: each round runs every (batch, variant)
+   once in a shuffled order, round 0 is a warm-up and dropped, ``--repeats`` rounds count;
+   per batch the median of the per-round ratios and its bootstrap 95% interval.
 2. **Stream of short requests**: ``LONG`` requests decode while short requests (10-30 new
    tokens, 20 on average, ToT-child prompts: a shared 48-token question plus 16 tokens of
    their own) arrive, ``SHORT`` in flight (a closed loop: a new one as soon as one
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -156,20 +159,37 @@ def _measure(fn: Callable[[], int]) -> tuple[float, float]:
     return tokens / (time.perf_counter() - wall), tokens / (time.process_time() - cpu)
 
 
-def _best(fns: dict[str, Callable[[], int]], repeats: int) -> dict[str, dict[str, float]]:
-    """Each variant's best of ``repeats`` rounds (wall and CPU tokens/s), the variants
-    interleaved in each round."""
-    best = {name: {"wall": 0.0, "cpu": 0.0} for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            wall, cpu = _measure(fn)
-            best[name]["wall"] = max(best[name]["wall"], wall)
-            best[name]["cpu"] = max(best[name]["cpu"], cpu)
-    return {n: {k: round(v, 1) for k, v in b.items()} for n, b in best.items()}
+def _bootstrap(values: list[float], n: int = 2000) -> list[float]:
+    rng = random.Random(0)
+    draws = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    return [round(draws[int(0.025 * n)], 3), round(draws[int(0.975 * n) - 1], 3)]
 
 
-def _ratio(results: dict[str, dict[str, float]], top: str, bottom: str) -> dict[str, float]:
-    return {k: round(results[top][k] / results[bottom][k], 2) for k in ("wall", "cpu")}
+def _rounds(
+    cells: dict[str, dict[str, Callable[[], int]]], rounds: int, seed: int = 0
+) -> dict[str, dict[str, list[float]]]:
+    """Wall tokens/s of every (group, variant) in ``rounds`` + 1 rounds; each round runs
+    every cell once in a shuffled order, and round 0 (the warm-up) is dropped."""
+    rng = random.Random(seed)
+    order = [(g, v) for g, fns in cells.items() for v in fns]
+    out: dict[str, dict[str, list[float]]] = {g: {v: [] for v in fns} for g, fns in cells.items()}
+    for rnd in range(rounds + 1):
+        rng.shuffle(order)
+        for group, variant in order:
+            wall, _ = _measure(cells[group][variant])
+            if rnd:
+                out[group][variant].append(wall)
+    return out
+
+
+def _summary(runs: dict[str, list[float]], top: str, bottom: str) -> dict[str, Any]:
+    """Medians per variant and the per-round ratio ``top / bottom`` (median, 95% interval)."""
+    ratios = [a / b for a, b in zip(runs[top], runs[bottom], strict=True)]
+    out: dict[str, Any] = {v: round(statistics.median(t), 1) for v, t in runs.items()}
+    out["ratio"] = round(statistics.median(ratios), 3)
+    out["ratio_ci95"] = _bootstrap(ratios)
+    out["rounds"] = {v: [round(x, 1) for x in t] for v, t in runs.items()}
+    return out
 
 
 def main() -> None:
@@ -178,7 +198,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16,32,64")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5, help="best of N rounds")
+    parser.add_argument("--repeats", type=int, default=5, help="measured rounds (+1 warm-up)")
     parser.add_argument("--short", type=int, default=160, help="short requests a stream")
     parser.add_argument(
         "--streams",
@@ -194,37 +214,38 @@ def main() -> None:
     ours(hf, _prompts(2, vocab, 99), 4)  # warm-up: first-call costs are not throughput
     run_static(hf, _prompts(2, vocab, 99), 4)
     load_before = _load()
-    static: dict[str, Any] = {}
-    for batch in [int(b) for b in args.batches.split(",")]:
-        prompts = _prompts(batch, vocab, batch)
-        static[str(batch)] = _best(
-            {
-                "ours": lambda p=prompts: ours(hf, p, args.new_tokens),
-                "static": lambda p=prompts: run_static(hf, p, args.new_tokens),
-            },
-            args.repeats,
-        )
-        static[str(batch)]["ratio"] = _ratio(static[str(batch)], "ours", "static")
-        print(f"batch {batch:3d}: {static[str(batch)]}  (load {_load()})", flush=True)
+    batches = [int(b) for b in args.batches.split(",")]
+    prompts = {b: _prompts(b, vocab, b) for b in batches}
+    static_runs = _rounds(
+        {
+            str(b): {
+                "ours": lambda p=prompts[b]: ours(hf, p, args.new_tokens),
+                "static": lambda p=prompts[b]: run_static(hf, p, args.new_tokens),
+            }
+            for b in batches
+        },
+        args.repeats,
+    )
+    static = {b: _summary(r, "ours", "static") for b, r in static_runs.items()}
+    for b, row in static.items():
+        print(f"batch {b:>3}: ours/static {row['ratio']}x {row['ratio_ci95']}", flush=True)
     # the stream's children share their question: prefix caching on, as a search runs
     engines = {
         "mixed": make_engine(hf, enable_prefix_caching=True),
         "legacy": make_engine(hf, mixed_steps=False, enable_prefix_caching=True),
     }
-    streams: dict[str, Any] = {}
-    for spec in args.streams.split(","):
+    stream_cells: dict[str, dict[str, Callable[[], int]]] = {}
+    for spec in [s for s in args.streams.split(",") if s]:
         long, in_flight = (int(x) for x in spec.split("x"))
-        streams[spec] = _best(
-            {
-                name: lambda e=engine, n=long, f=in_flight: stream_workload(
-                    e, vocab, short=args.short, in_flight=f, long=n
-                )
-                for name, engine in engines.items()
-            },
-            args.repeats,
-        )
-        streams[spec]["ratio"] = _ratio(streams[spec], "mixed", "legacy")
-        print(f"stream {spec} (decoding x short in flight): {streams[spec]}  (load {_load()})")
+        stream_cells[spec] = {
+            name: lambda e=engine, n=long, f=in_flight: stream_workload(
+                e, vocab, short=args.short, in_flight=f, long=n
+            )
+            for name, engine in engines.items()
+        }
+    streams = {
+        k: _summary(r, "mixed", "legacy") for k, r in _rounds(stream_cells, args.repeats).items()
+    }
     summary = {
         "static_tok_s": static,
         "stream_tok_s": streams,
@@ -239,12 +260,12 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(summary, fh, indent=2)
-    line = ", ".join(f"b{b} {r['ratio']['wall']}x" for b, r in static.items())
-    stream_line = ", ".join(f"{k} {r['ratio']['wall']}x" for k, r in streams.items())
+    line = ", ".join(f"b{b} {r['ratio']}x {r['ratio_ci95']}" for b, r in static.items())
+    stream_line = ", ".join(f"{k} {r['ratio']}x {r['ratio_ci95']}" for k, r in streams.items())
     print(
-        f"engine / transformers static generate (wall tok/s, best of {args.repeats}): {line}; "
-        f"mixed / all-prefill-or-decode steps on a stream of short requests: {stream_line} "
-        f"(load {load_before} -> {_load()}; CPU-time ratios in the JSON)"
+        f"engine / transformers static generate (wall tok/s, median of {args.repeats} "
+        f"interleaved rounds, {args.threads} threads): {line}; mixed / all-prefill-or-decode "
+        f"steps on a stream of short requests: {stream_line} (load {load_before} -> {_load()})"
     )
 
 

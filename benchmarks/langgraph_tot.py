@@ -1,222 +1,241 @@
-"""LangGraph's ToT (and LATS) tutorial graphs: LangGraph's own runtime vs spec-tot.
+"""LangGraph's ToT and LATS tutorial graphs: LangGraph's own runtime vs spec-tot.
 
-The same graph object, the same deterministic chat model (``ScriptedChatModel``: replies are
-a function of the prompt; each call's latency is drawn from 10-200 ms by a hash of the prompt
-and ``--seeds``), run three ways side by side, interleaved input by input: LangGraph's
-``compile().ainvoke`` (the denominator of every ratio), spec-tot ``baseline`` and spec-tot
-``full``. Two loads: one query at a time, and ``--concurrency`` inputs at once (one
-``asyncio.gather``). Answers are checked equal in every variant. Also reported: the ratio a
-perfect predictor would reach on the ToT graph (each expansion started the moment the
-candidate it expands was produced), from the baseline run's own latencies.
+The tutorial graphs as the tutorials write them (sync node functions; only spec-tot node
+metadata added), over a deterministic chat model (``ScriptedChatModel``: replies are a
+function of the prompt, each call's latency 10-200 ms by a hash of the prompt and the
+round). Variants: LangGraph's ``compile()`` (the denominator of every ratio), spec-tot
+``baseline`` and ``full``. Cells: graph x load (one query at a time, or ``--concurrency``
+at once) x entry (``invoke``/threads, or ``ainvoke``/``asyncio.gather``) x checkpointer
+(none, or ``InMemorySaver`` with a thread per input).
+
+Every cell runs ``--rounds`` rounds plus one warm-up round that is discarded; a round runs
+the three variants on the same inputs, in an order shuffled per round (seeded), rounds of
+all cells interleaved. Reported per cell: the median of the per-round ratios
+(LangGraph's wall time / the variant's) and a bootstrap 90% interval, the speculative tasks
+``full`` launched and adopted, the model calls of each variant; answers are checked equal
+in every variant and round.
 
     python benchmarks/langgraph_tot.py --json benchmarks/results/langgraph_tot.json
 
-Writes JSON rows ``{"graph", "load", "seed", "variant", "wall_s", "llm_calls", ...}`` and a
-one-line summary.
+Writes JSON (``cells``: per-cell figures, ``runs``: every run) and a one-line summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
+import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from langgraph.checkpoint.memory import InMemorySaver
 from lg_examples import lats, lats_answer, puzzles, tot, tot_answer
 
-from spec_tot.langgraph import from_langgraph
+from spec_tot.langgraph import from_langgraph, speculation_of
 
 VARIANTS = ("langgraph", "baseline", "full")
-CONFIG: Any = {"recursion_limit": 100}
+RUN: Any = {"recursion_limit": 100}
 
 
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--inputs", type=int, default=12, help="inputs per seed and load")
+    parser.add_argument("--graphs", default="tot,lats")
+    parser.add_argument("--loads", default="1,10", help="queries at once")
+    parser.add_argument("--entries", default="sync,async")
+    parser.add_argument("--checkpointers", default="none,memory")
+    parser.add_argument("--inputs", type=int, default=6, help="queries per load-1 run")
     parser.add_argument("--concurrency", type=int, default=10)
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0, help="shuffles the variant order")
     parser.add_argument("--min-latency", type=float, default=0.01)
     parser.add_argument("--max-latency", type=float, default=0.2)
-    parser.add_argument("--lats", action="store_true", help="also run the LATS graph")
-    parser.add_argument("--max-speculative", type=int, default=16, help="speculative slots")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
 
-def _apps(graph: Any, slots: int = 16) -> dict[str, Any]:
-    return {
-        "langgraph": graph.compile(),
-        "baseline": from_langgraph(graph, mode="baseline"),
-        "full": from_langgraph(graph, mode="full", max_speculative=slots),
-    }
+def bootstrap(values: Sequence[float], level: float = 0.9, n: int = 2000) -> tuple[float, float]:
+    """Percentile interval of the median of ``values`` (resampled with replacement)."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
+    lo = meds[int((1 - level) / 2 * n)]
+    hi = meds[min(n - 1, int((1 + level) / 2 * n))]
+    return lo, hi
 
 
-async def _tot(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    inputs = puzzles(args.inputs, seed=100 + seed)
-    models = {
-        v: tot.tot_model(seed=seed, min_latency_s=args.min_latency, max_latency_s=args.max_latency)
-        for v in VARIANTS
-    }
-    apps = {v: _apps(tot.build_tot_graph(models[v]), args.max_speculative)[v] for v in VARIANTS}
-    batches = [[p] for p in inputs] + [
-        inputs[i : i + args.concurrency] for i in range(0, len(inputs), args.concurrency)
-    ]
-    walls = {(load, v): 0.0 for load in ("1", "n") for v in VARIANTS}
-    answers: dict[str, list[Any]] = {v: [] for v in VARIANTS}
-    for batch in batches:
-        load = "1" if len(batch) == 1 else "n"
-        for variant in VARIANTS:  # interleaved: the three runs of one batch side by side
-            started = time.perf_counter()
-            finals = await asyncio.gather(
-                *(apps[variant].ainvoke({"problem": p}, CONFIG) for p in batch)
-            )
-            walls[load, variant] += time.perf_counter() - started
-            if load == "1":
-                answers[variant].extend(tot_answer(f) for f in finals)
-    if not answers["langgraph"] == answers["baseline"] == answers["full"]:
-        raise AssertionError("answers differ between variants")
-    calls = {v: models[v].num_calls for v in VARIANTS}
-    for (load, variant), wall in walls.items():
-        rows.append(
-            {
-                "graph": "tot",
-                "load": 1 if load == "1" else args.concurrency,
-                "seed": seed,
-                "variant": variant,
-                "inputs": len(inputs),
-                "wall_s": wall,
-                "speedup_vs_langgraph": walls[load, "langgraph"] / wall,
-                "llm_calls_both_loads": calls[variant],
-            }
-        )
-    rows.append(await _oracle(args, seed, inputs))
-    return rows
+class Cell:
+    """One point of the grid: builds each variant's app and runs it on a round's inputs."""
 
+    def __init__(self, args: argparse.Namespace, graph: str, load: int, entry: str, saver: str):
+        self.args, self.graph, self.load, self.entry, self.saver = args, graph, load, entry, saver
+        self.name = f"{graph}/load={load}/{entry}/checkpointer={saver}"
 
-async def _oracle(args: argparse.Namespace, seed: int, inputs: list[str]) -> dict[str, Any]:
-    """The perfect-predictor bound: every expansion starts when its seed was produced."""
-    log: list[tuple[Any, list[Any], float]] = []
-    model = tot.tot_model(seed=seed, min_latency_s=args.min_latency, max_latency_s=args.max_latency)
-    graph = tot.build_tot_graph(model)
-    expand = graph.nodes["expand"].runnable
+    def inputs(self, rnd: int) -> list[Any]:
+        n = self.args.inputs if self.load == 1 else self.load
+        if self.graph == "tot":
+            return [{"problem": p} for p in puzzles(n, seed=1000 + rnd)]
+        return [{"input": f"question {rnd}.{i}: compare two sources"} for i in range(n)]
 
-    async def timed(state: Any, config: Any) -> Any:
+    def app(self, variant: str, rnd: int) -> tuple[Any, Any, Any]:
+        lo, hi = self.args.min_latency, self.args.max_latency
+        if self.graph == "tot":
+            model = tot.tot_model(seed=rnd, min_latency_s=lo, max_latency_s=hi)
+            builder, log = tot.build_tot_graph(model, sync=True), None
+        else:
+            model = lats.lats_model(seed=rnd, min_latency_s=lo, max_latency_s=hi)
+            log = lats.SearchLog()
+            builder = lats.build_lats_graph(model, log)
+        saver = InMemorySaver() if self.saver == "memory" else None
+        compiled = builder.compile(checkpointer=saver)
+        app = compiled if variant == "langgraph" else from_langgraph(compiled, mode=variant)
+        return app, model, log
+
+    def configs(self, n: int, rnd: int) -> list[Any]:
+        extra = {"configurable": {"N": 2}} if self.graph == "lats" else {}
+        if self.saver == "none":
+            return [{**RUN, **extra} for _ in range(n)]
+        threads = [{"thread_id": f"r{rnd}-{i}"} for i in range(n)]
+        return [{**RUN, "configurable": {**extra.get("configurable", {}), **t}} for t in threads]
+
+    def answer(self, state: Any) -> Any:
+        return tot_answer(state) if self.graph == "tot" else lats_answer(state)
+
+    def run(self, variant: str, rnd: int) -> dict[str, Any]:
+        app, model, log = self.app(variant, rnd)
+        inputs, configs = self.inputs(rnd), self.configs(len(self.inputs(rnd)), rnd)
         started = time.perf_counter()
-        out = await expand.ainvoke(state, config)
-        seed_c = state.get("seed")
-        made = [tuple(c.candidate.tokens) for c in out["candidates"]]
-        log.append(
-            (
-                tuple(seed_c.candidate.tokens) if seed_c else None,
-                made,
-                time.perf_counter() - started,
-            )
-        )
-        return out
-
-    graph.nodes["expand"] = dataclasses.replace(graph.nodes["expand"], runnable=_as_runnable(timed))
-    app = from_langgraph(graph, mode="baseline")
-    total = bound = 0.0
-    for p in inputs:
-        log.clear()
-        started = time.perf_counter()
-        await app.ainvoke({"problem": p}, CONFIG)
-        total += time.perf_counter() - started
-        produced: dict[Any, float] = {}
-        finish = 0.0
-        for seed_tokens, made, latency in log:
-            start = produced.get(seed_tokens, 0.0) if seed_tokens is not None else 0.0
-            end = start + latency
-            finish = max(finish, end)
-            for m in made:
-                produced.setdefault(m, end)
-        bound += finish
-    return {
-        "graph": "tot",
-        "load": 1,
-        "seed": seed,
-        "variant": "oracle",
-        "wall_s": bound,
-        "speedup_vs_baseline": total / bound,
-    }
-
-
-def _as_runnable(fn: Any) -> Any:
-    from langchain_core.runnables import RunnableLambda
-
-    return RunnableLambda(fn)
-
-
-def _lats(args: argparse.Namespace, seed: int) -> list[dict[str, Any]]:
-    rows = []
-    questions = [f"question {i}: compare two sources" for i in range(args.concurrency)]
-    for variant in VARIANTS:
-        log = lats.SearchLog()
-        model = lats.lats_model(
-            seed=seed, min_latency_s=args.min_latency, max_latency_s=args.max_latency
-        )
-        app = _apps(lats.build_lats_graph(model, log))[variant]
-        started = time.perf_counter()
-        finals = app.batch(
-            [{"input": q} for q in questions], {"max_concurrency": len(questions), **CONFIG}
-        )
+        if self.load == 1:
+            finals = [_one(app, x, c, self.entry) for x, c in zip(inputs, configs, strict=True)]
+        else:
+            finals = _many(app, inputs, configs, self.entry)
         wall = time.perf_counter() - started
-        rows.append(
-            {
-                "graph": "lats",
-                "load": len(questions),
-                "seed": seed,
-                "variant": variant,
-                "wall_s": wall,
-                "llm_calls": model.num_calls,
-                "tool_calls": log.calls,
-                "speculative_tool_calls": log.speculative_calls,
-                "answers": [lats_answer(f)[0][-1] for f in finals],
-            }
+        totals = speculation_of(app).totals.to_dict() if variant != "langgraph" else {}
+        return {
+            "cell": self.name,
+            "round": rnd,
+            "variant": variant,
+            "wall_s": wall,
+            "llm_calls": model.num_calls,
+            "tool_calls": log.calls if log is not None else None,
+            "speculative": totals.get("speculative", 0),
+            "adopted": totals.get("adopted", 0),
+            "answers": [repr(self.answer(f)) for f in finals],
+        }
+
+
+def _one(app: Any, x: Any, config: Any, entry: str) -> Any:
+    if entry == "sync":
+        return app.invoke(x, config)
+    return asyncio.run(app.ainvoke(x, config))
+
+
+def _many(app: Any, inputs: list[Any], configs: list[Any], entry: str) -> list[Any]:
+    if entry == "sync":  # LangGraph's own batch: one thread per input
+        with ThreadPoolExecutor(len(inputs)) as pool:
+            return list(pool.map(app.invoke, inputs, configs))
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(
+            *(app.ainvoke(x, c) for x, c in zip(inputs, configs, strict=True))
         )
-    base = rows[0]["wall_s"]
-    for row in rows:
-        row["speedup_vs_langgraph"] = base / row["wall_s"]
-    return rows
+
+    return asyncio.run(gather())
 
 
-def _summary(rows: list[dict[str, Any]], concurrency: int) -> str:
-    def mean(load: int, variant: str, key: str = "speedup_vs_langgraph") -> float:
-        vals = [
-            r[key]
-            for r in rows
-            if r["graph"] == "tot" and r["load"] == load and r["variant"] == variant
-        ]
-        return statistics.mean(vals) if vals else float("nan")
+def grid(args: argparse.Namespace) -> list[Cell]:
+    cells = []
+    for graph in args.graphs.split(","):
+        for load in (int(x) for x in args.loads.split(",")):
+            for entry in args.entries.split(","):
+                if graph == "lats" and entry == "async":
+                    continue  # the LATS tutorial's nodes are sync and invoked sync
+                for saver in args.checkpointers.split(","):
+                    if graph == "lats" and saver != "none":
+                        # its state holds the search tree's Node objects, which no
+                        # LangGraph checkpointer serialises (LangGraph itself fails)
+                        continue
+                    cells.append(Cell(args, graph, load, entry, saver))
+    return cells
 
+
+def measure(cells: list[Cell], rounds: int, seed: int, log: Callable[[str], None]) -> list[Any]:
+    rng = random.Random(seed)
+    runs: list[dict[str, Any]] = []
+    for rnd in range(rounds + 1):  # round 0 warms every cell up and is discarded
+        for cell in cells:
+            order = list(VARIANTS)
+            rng.shuffle(order)
+            got = {v: cell.run(v, rnd) for v in order}
+            answers = {v: r.pop("answers") for v, r in got.items()}
+            if not answers["langgraph"] == answers["baseline"] == answers["full"]:
+                raise AssertionError(f"{cell.name} round {rnd}: answers differ")
+            if rnd > 0:
+                runs.extend(got.values())
+            log(
+                f"{cell.name} round {rnd}: "
+                + " ".join(f"{v}={got[v]['wall_s']:.2f}s" for v in VARIANTS)
+            )
+    return runs
+
+
+def figures(cells: list[Cell], runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for cell in cells:
+        rows = [r for r in runs if r["cell"] == cell.name]
+        by_round: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            by_round.setdefault(r["round"], {})[r["variant"]] = r
+        entry: dict[str, Any] = {"cell": cell.name, "rounds": len(by_round)}
+        for variant in ("baseline", "full"):
+            ratios = [v["langgraph"]["wall_s"] / v[variant]["wall_s"] for v in by_round.values()]
+            lo, hi = bootstrap(ratios)
+            entry[variant] = {
+                "speedup_vs_langgraph": statistics.median(ratios),
+                "interval_90": [lo, hi],
+                "per_round": ratios,
+            }
+        full = [v["full"] for v in by_round.values()]
+        entry["full"]["speculative_per_run"] = statistics.mean(r["speculative"] for r in full)
+        entry["full"]["adopted_per_run"] = statistics.mean(r["adopted"] for r in full)
+        entry["llm_calls_per_run"] = {
+            v: statistics.mean(r["llm_calls"] for r in rows if r["variant"] == v) for v in VARIANTS
+        }
+        out.append(entry)
+    return out
+
+
+def summary(figs: list[dict[str, Any]]) -> str:
+    parts = []
+    for f in figs:
+        full = f["full"]
+        lo, hi = full["interval_90"]
+        parts.append(
+            f"{f['cell']}: full {full['speedup_vs_langgraph']:.2f}x [{lo:.2f}, {hi:.2f}] "
+            f"(baseline {f['baseline']['speedup_vs_langgraph']:.2f}x; "
+            f"{full['adopted_per_run']:.0f}/{full['speculative_per_run']:.0f} adopted/launched)"
+        )
     return (
-        f"ToT tutorial graph, wall-time speedup vs LangGraph's runtime (mean over seeds): "
-        f"one query: full {mean(1, 'full'):.2f}x, baseline {mean(1, 'baseline'):.2f}x "
-        f"(perfect-predictor bound {mean(1, 'oracle', 'speedup_vs_baseline'):.2f}x vs baseline); "
-        f"{concurrency} concurrent: full {mean(concurrency, 'full'):.2f}x, "
-        f"baseline {mean(concurrency, 'baseline'):.2f}x; answers equal in every variant"
+        "LangGraph tutorial graphs, wall-time speedup vs LangGraph's runtime (median of "
+        f"{figs[0]['rounds'] if figs else 0} interleaved rounds, 90% interval): " + "; ".join(parts)
     )
 
 
-async def main() -> None:
+def main() -> None:
     args = _args()
-    rows: list[dict[str, Any]] = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        rows.extend(await _tot(args, seed))
-        if args.lats:
-            rows.extend(await asyncio.to_thread(_lats, args, seed))
-    summary = _summary(rows, args.concurrency)
+    cells = grid(args)
+    runs = measure(cells, args.rounds, args.seed, lambda line: print(line, file=sys.stderr))
+    figs = figures(cells, runs)
+    line = summary(figs)
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1, default=str))
-    print(summary)
+        args.json.write_text(json.dumps({"cells": figs, "runs": runs, "summary": line}, indent=1))
+    print(line)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

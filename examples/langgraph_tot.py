@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from spec_tot.adapters.scripted_chat import ScriptedChatModel, render, stable_unit
-from spec_tot.langgraph import from_langgraph
+from spec_tot.langgraph import arun, from_langgraph
 
 Op = Literal["+", "-", "*", "/"]
 OPS: dict[str, Any] = {
@@ -138,21 +138,36 @@ PROMPT = ChatPromptTemplate.from_messages(
 ).partial(candidate="")
 
 
-def build_tot_graph(llm: BaseChatModel) -> StateGraph[Any, Any, Any, Any]:
-    """The tutorial graph over ``llm``, with spec-tot metadata on its nodes."""
+def build_tot_graph(llm: BaseChatModel, *, sync: bool = True) -> StateGraph[Any, Any, Any, Any]:
+    """The tutorial graph over ``llm``, with spec-tot metadata on its nodes. ``sync``: its
+    node functions are sync, as the tutorial writes them (``solver.invoke``); else
+    ``expand`` is an async function (``await solver.ainvoke``)."""
     solver = PROMPT | llm.with_structured_output(GuessEquations)
 
-    async def expand(state: ExpansionState, *, runtime: Runtime[Context]) -> dict[str, Any]:
-        ctx = settings(runtime.context)
+    def inputs(state: ExpansionState, runtime: Runtime[Context]) -> dict[str, Any]:
         seed = state.get("seed")
         candidate = "" if not seed else "\n\n" + str(seed)
+        return {
+            "problem": state["problem"],
+            "candidate": candidate,
+            "k": settings(runtime.context)["k"],
+        }
+
+    def expand_sync(state: ExpansionState, *, runtime: Runtime[Context]) -> dict[str, Any]:
         try:
-            guesses: Any = await solver.ainvoke(
-                {"problem": state["problem"], "candidate": candidate, "k": ctx["k"]}
-            )
+            guesses: Any = solver.invoke(inputs(state, runtime))
         except Exception:
             return {"candidates": []}
         return {"candidates": [Candidate(candidate=e) for e in guesses.equations]}
+
+    async def expand_async(state: ExpansionState, *, runtime: Runtime[Context]) -> dict[str, Any]:
+        try:
+            guesses: Any = await solver.ainvoke(inputs(state, runtime))
+        except Exception:
+            return {"candidates": []}
+        return {"candidates": [Candidate(candidate=e) for e in guesses.equations]}
+
+    expand = expand_sync if sync else expand_async
 
     def score(state: ToTState) -> dict[str, Any]:
         scored = [compute_score(state["problem"], c) for c in state["candidates"]]
@@ -259,7 +274,7 @@ async def main(min_latency_s: float = 0.01, max_latency_s: float = 0.2) -> None:
         for puzzle, final in zip(PUZZLES, finals, strict=True):
             print(f"  {puzzle:12s} {best(final)}")
     app = from_langgraph(graph)
-    result = await app.arun({"problem": PUZZLES[0]}, context=context)
+    result = await arun(app, {"problem": PUZZLES[0]}, context=context)
     m = result.metrics
     print(
         f"one run: {m.steps} supersteps, {m.committed} committed tasks, {m.speculative} "

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from spec_tot.chat_model import ToTChatModel
     from spec_tot.chat_spec_tot import ChatSpecTot
-    from spec_tot.langgraph import SpeculativeGraph, from_langgraph
+    from spec_tot.langgraph import from_langgraph
 
 # The LangChain adapters, imported on first use (the core never imports an adapter when it
 # is itself imported), and the LangGraph/LangChain chat-model parts: importing spec_tot does
@@ -30,7 +30,6 @@ _ADAPTERS = {
     "tool_node": "spec_tot.adapters.langchain",
     "ToTChatModel": "spec_tot.chat_model",
     "ChatSpecTot": "spec_tot.chat_spec_tot",
-    "SpeculativeGraph": "spec_tot.langgraph",
     "from_langgraph": "spec_tot.langgraph",
 }
 
@@ -57,7 +56,6 @@ __all__ = [
     "RunnableReward",
     "SamplingParams",
     "SearchPolicy",
-    "SpeculativeGraph",
     "ThoughtGraph",
     "ToTApp",
     "ToTChatModel",

@@ -13,13 +13,17 @@ import torch
 
 __all__ = [
     "CHARS",
+    "assert_backend_free",
     "assert_pool_free",
+    "break_bookkeeping",
     "build_tokenizer",
     "make_backend",
     "make_engine",
     "make_prm_folder",
     "make_tiny_model",
+    "refuse_huge_encode",
     "run_all",
+    "skip_validation",
     "tiny_llama",
     "tiny_prm",
 ]
@@ -114,11 +118,21 @@ def tiny_prm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def assert_pool_free(engine: Any) -> None:
+    """Every KV block of ``engine`` (an ``LLMEngine``) is free and no request is left."""
     bm = engine.block_manager
     assert bm.num_free_blocks == bm.num_total_blocks, "KV blocks leaked"
     assert all(b.ref_count == 0 for b in bm.blocks)
     assert not engine.scheduler.running and engine.scheduler.num_waiting == 0
     assert not engine.requests
+
+
+async def assert_backend_free(backend: Any) -> None:
+    """After every command sent so far: no request in flight on ``backend`` (a
+    ``LocalBackend``, in a process or a thread) and every KV block free, PRM's included."""
+    await backend.flush()
+    assert backend.num_inflight == 0
+    report = await backend.pool_report()
+    assert report.all_free, f"KV blocks or requests left: {report}"
 
 
 @pytest.fixture
@@ -145,7 +159,8 @@ def make_engine(tiny_llama: Path) -> Any:
 
 @pytest.fixture
 async def make_backend(tiny_llama: Path) -> Any:
-    """Factory of LocalBackends; teardown flushes, checks the pool is free, and closes."""
+    """Factory of LocalBackends (the engine in its own process unless ``process=False``);
+    teardown flushes, checks every pool is free, and closes."""
     from spec_tot.adapters.local import create_local
 
     backends: list[Any] = []
@@ -157,16 +172,15 @@ async def make_backend(tiny_llama: Path) -> Any:
         options.setdefault("max_model_len", 512)
         options.setdefault("max_num_batched_tokens", 1024)
         options.setdefault("saturation_batch", 8)
+        options.setdefault("threads", 1)  # the engine's child process, on a shared machine
         backend = create_local(**options)
         backends.append(backend)
         return backend
 
     yield make
     for backend in backends:
-        await backend.flush()
-        assert backend.num_inflight == 0
-        if backend.engine is not None:
-            assert_pool_free(backend.engine)
+        if backend.running:
+            await assert_backend_free(backend)
         await backend.aclose()
 
 
@@ -197,3 +211,50 @@ def step_graph(*, max_tokens: int, depth: int) -> Any:
         "prm", lambda s: "end" if len(s["steps"]) >= depth else "more", {"more": "step", "end": END}
     )
     return graph
+
+
+# -- core hooks (``create_local(core_hook="engine_fixtures:NAME")``): they run where the
+# engine runs, its child process included, and change it as a test needs ------------------
+
+
+def _mark_hooked(core: Any) -> None:
+    engine = core.engine
+    real_stats = engine.stats
+    engine.stats = lambda: {**real_stats(), "hooked": 1.0}
+
+
+def refuse_huge_encode(core: Any) -> None:
+    """Tokenising a text over 10,000 characters raises: a test that gets its ConfigError
+    anyway knows the text was refused before the tokenizer."""
+    tokenizer = core.engine.tokenizer
+    real_encode = tokenizer.encode
+
+    def encode(text: str, *args: Any, **kw: Any) -> Any:
+        if len(text) > 10_000:
+            raise AssertionError("a huge prompt reached the tokenizer")
+        return real_encode(text, *args, **kw)
+
+    tokenizer.encode = encode
+    _mark_hooked(core)
+
+
+def skip_validation(core: Any) -> None:
+    """The engine's own checks let anything through (a request that breaks the forward)."""
+    validator = core.engine.validator
+    validator.check_request = lambda request: None
+    validator.check_ids = lambda ids, field: None
+    _mark_hooked(core)
+
+
+def break_bookkeeping(core: Any) -> None:
+    """``good/3``'s bookkeeping raises after its third token."""
+    post = core.engine.post
+    real_append = post.append
+
+    def append(seq: Any, *args: Any) -> None:
+        if any(m.request.request_id == "good/3" for m in seq.members) and seq.num_output_tokens > 2:
+            raise RuntimeError("bookkeeping broke")
+        real_append(seq, *args)
+
+    post.append = append
+    _mark_hooked(core)

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
-from engine_fixtures import assert_pool_free
+from engine_fixtures import assert_backend_free
 
 from spec_tot.adapters.local import LocalBackend
 from spec_tot.adapters.local.serve import create_server_app
@@ -30,15 +30,10 @@ async def settle(backend: LocalBackend) -> None:
     """Wait for aborts to land, then check that nothing runs and every KV block is free."""
     for _ in range(200):  # a disconnect's abort lands a moment after the socket closes
         await backend.flush()
-        if backend.num_inflight == 0 and (
-            backend.engine is None or not backend.engine.has_unfinished()
-        ):
+        if backend.num_inflight == 0 and (await backend.pool_report()).requests == 0:
             break
         await asyncio.sleep(0.01)
-    assert backend.num_inflight == 0
-    if backend.engine is not None:
-        assert not backend.engine.has_unfinished()
-        assert_pool_free(backend.engine)
+    await assert_backend_free(backend)
 
 
 @asynccontextmanager

@@ -225,3 +225,21 @@ def test_short_lived_stream_loops_leave_the_engine_serving() -> None:
     for _ in range(40):
         assert "".join(str(c.content) for c in model.stream("Hello"))
     assert model.invoke("Hello").content  # raises BackendError after 30 s if none answers
+
+
+async def test_a_tot_app_as_a_langgraph_node_streams_its_search_to_langgraphs_writer() -> None:
+    """A ToT app used as a node of a LangGraph graph: its search events reach LangGraph's
+    ``custom`` stream (its public stream writer), one chunk per event."""
+    from langgraph.graph import START, StateGraph
+    from typing_extensions import TypedDict
+
+    class State(TypedDict, total=False):
+        question: str
+
+    builder = StateGraph(State)
+    builder.add_node("solve", toy_app())
+    builder.add_edge(START, "solve")
+    graph = builder.compile()
+    chunks = [c async for c in graph.astream({"question": "toy puzzle 3"}, stream_mode="custom")]
+    kinds = [c["event"] for c in chunks]
+    assert {"expanded", "scored"} <= set(kinds) and kinds[-1] == "answer"

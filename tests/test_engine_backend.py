@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import assert_pool_free, make_backend, tiny_llama, tiny_prm
+from engine_fixtures import assert_backend_free, make_backend, tiny_llama, tiny_prm
 from transformers import AutoModelForCausalLM
 
 from spec_tot.backends import default_registry
@@ -52,10 +52,7 @@ async def test_cancelling_the_task_aborts_and_frees(make_backend: Any) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    await backend.flush()
-    assert backend.num_inflight == 0
-    bm = backend.engine.block_manager
-    assert bm.num_free_blocks == bm.num_total_blocks  # freed at once, not at max_tokens
+    await assert_backend_free(backend)  # freed at once, not at max_tokens
 
 
 async def test_prefix_abort_mid_generation(make_backend: Any) -> None:
@@ -111,8 +108,7 @@ async def test_registry_and_errors(make_backend: Any, tiny_llama: Path) -> None:
             GenerateRequest("x", SamplingParams(temperature=0.0, max_tokens=3), prompt="hi")
         )
         assert out.completions[0].num_tokens <= 3
-        await backend.flush()
-        assert_pool_free(backend.engine)
+        await assert_backend_free(backend)
         with pytest.raises(BackendError):
             await backend.score([RewardItem("r", "q", ("a",))])
     finally:
@@ -139,7 +135,7 @@ async def test_prm_scores_match_transformers(make_backend: Any, tiny_prm: Path) 
     assert backend.count_item_tokens(items[1]) == len("1 2 3 4\n1*2=2#\n")
     # reference: a plain transformers forward per item, logits at each '#'
     model = AutoModelForCausalLM.from_pretrained(tiny_prm).eval()
-    tok = backend.prm.tokenizer
+    tok = backend.reward_tokenizer
     good, bad = tok.convert_tokens_to_ids("+"), tok.convert_tokens_to_ids("-")
     for item, got in zip(items[:2], scores[:2], strict=True):
         text = item.question + "\n" + "".join(s + "#\n" for s in item.steps)

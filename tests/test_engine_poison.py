@@ -74,19 +74,18 @@ def test_bad_sampling_never_reaches_the_engine(kwargs: dict[str, Any]) -> None:
         GenerateRequest("bad", SamplingParams(), prompt_ids=())
 
 
-async def test_poison_requests_fail_alone(make_backend: Any, make_engine: Any) -> None:
+@pytest.mark.parametrize("process", [True, False])
+async def test_poison_requests_fail_alone(
+    make_backend: Any, make_engine: Any, process: bool
+) -> None:
+    """Refused before anything runs; a huge prompt is never tokenised, in the engine's
+    process (``refuse_huge_encode`` makes that an error there) or anywhere else."""
     alone = _alone(make_engine)
-    backend = make_backend(max_model_len=512)
-    encode_calls = 0
-    tokenizer = backend.engine.tokenizer
-    real_encode = tokenizer.encode
-
-    def counting_encode(text: str, *args: Any, **kw: Any) -> Any:
-        nonlocal encode_calls
-        encode_calls += len(text) > 10_000  # a huge prompt must never be tokenised
-        return real_encode(text, *args, **kw)
-
-    tokenizer.encode = counting_encode
+    backend = make_backend(
+        max_model_len=512, process=process, core_hook="engine_fixtures:refuse_huge_encode"
+    )
+    await backend.check_health()  # started: the hook has run where the engine runs
+    assert backend.stats()["hooked"] == 1.0
     for kind, (make_bad, field) in BAD_KINDS.items():
         tasks = [backend.generate(_good(i)) for i in range(8)]
         tasks.append(backend.generate(make_bad()))
@@ -96,19 +95,19 @@ async def test_poison_requests_fail_alone(make_backend: Any, make_engine: Any) -
         assert isinstance(bad, ConfigError) and bad.field == field, (kind, bad)
         good = [r for i, r in enumerate(results) if i != 8]
         assert {r.request_id: r.completions for r in good} == alone, kind
-    assert encode_calls == 0
 
 
+@pytest.mark.parametrize("process", [True, False])
 async def test_a_step_that_raises_fails_only_its_request(
-    make_backend: Any, make_engine: Any, monkeypatch: pytest.MonkeyPatch
+    make_backend: Any, make_engine: Any, monkeypatch: pytest.MonkeyPatch, process: bool
 ) -> None:
     """A request that slips past validation and breaks the forward: every row is rerun
     alone, the culprit's request fails naming it, the others carry on unchanged."""
     alone = _alone(make_engine)
-    backend = make_backend(max_model_len=512)
-    validator = backend.engine.validator
-    monkeypatch.setattr(validator, "check_request", lambda request: None)
-    monkeypatch.setattr(validator, "check_ids", lambda ids, field: None)
+    backend = make_backend(
+        max_model_len=512, process=process, core_hook="engine_fixtures:skip_validation"
+    )
+    monkeypatch.setattr(backend.validator, "check_request", lambda request: None)
     tasks = [backend.generate(_good(i)) for i in range(16)]
     tasks.insert(
         5, backend.generate(GenerateRequest("poison", SamplingParams(), prompt_ids=(5, 999999)))
@@ -120,20 +119,14 @@ async def test_a_step_that_raises_fails_only_its_request(
     assert backend.stats()["num_failed_requests"] == 1
 
 
+@pytest.mark.parametrize("process", [True, False])
 async def test_bookkeeping_that_raises_fails_only_its_request(
-    make_backend: Any, make_engine: Any, monkeypatch: pytest.MonkeyPatch
+    make_backend: Any, make_engine: Any, process: bool
 ) -> None:
     alone = _alone(make_engine)
-    backend = make_backend(max_model_len=512)
-    post = backend.engine.post
-    real_append = post.append
-
-    def append(seq: Any, *args: Any) -> None:
-        if any(m.request.request_id == "good/3" for m in seq.members) and seq.num_output_tokens > 2:
-            raise RuntimeError("bookkeeping broke")
-        real_append(seq, *args)
-
-    monkeypatch.setattr(post, "append", append)
+    backend = make_backend(
+        max_model_len=512, process=process, core_hook="engine_fixtures:break_bookkeeping"
+    )
     results = await asyncio.gather(
         *(backend.generate(_good(i)) for i in range(16)), return_exceptions=True
     )

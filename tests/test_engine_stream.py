@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import make_backend, tiny_llama
+from engine_fixtures import assert_backend_free, make_backend, tiny_llama
 
 from spec_tot.errors import ConfigError
 from spec_tot.requests import FinishReason, GenerateRequest, SamplingParams
@@ -61,10 +61,7 @@ async def test_leaving_a_stream_aborts_it(make_backend: Any) -> None:
             if seen == 5:
                 assert not update.finished
                 break
-    await backend.flush()
-    assert backend.num_inflight == 0
-    bm = backend.engine.block_manager
-    assert bm.num_free_blocks == bm.num_total_blocks
+    await assert_backend_free(backend)
 
 
 async def test_stream_of_an_aborted_request_ends_with_abort(make_backend: Any) -> None:

@@ -5,17 +5,18 @@ blocks all free afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import VOCAB_SIZE, make_engine, run_all, tiny_llama
+from engine_fixtures import VOCAB_SIZE, make_backend, make_engine, run_all, tiny_llama
 from scipy.stats import chi2_contingency, chisquare
 from spec_drafters import OracleDrafter, WrongDrafter, use_drafters
 
 from spec_tot.requests import FinishReason, GenerateRequest, Priority, SamplingParams
 
-__all__ = ["make_engine", "tiny_llama"]
+__all__ = ["make_backend", "make_engine", "tiny_llama"]
 
 torch.set_num_threads(1)
 
@@ -296,3 +297,20 @@ def test_switch_off(make_engine: Any) -> None:
     _run(engine, _workload(greedy=True))
     st = engine.stats()
     assert st["num_draft_tokens"] == 0 and st["num_verify_rows"] == 0
+
+
+async def test_in_the_engine_process_with_its_counters_in_the_stats(make_backend: Any) -> None:
+    """The engine in its own process drafts (the drafter named by ``module:attr`` is built
+    there), keeps every output, and its counters cross in the typed step messages."""
+    reqs = [r for r in _workload(greedy=True) if r.request_id.startswith("r")]
+    outputs = []
+    for on in (False, True):
+        options = {"drafter": "spec_drafters:wrong_drafter"} if on else {}
+        backend = make_backend(token_speculation=on, **options)
+        results = await asyncio.gather(*(backend.generate(r) for r in reqs))
+        outputs.append(_outputs({r.request_id: r for r in results}))
+        await backend.check_health()
+        st = backend.stats()
+    assert outputs[0] == outputs[1]
+    assert st["num_draft_tokens_wrong"] > 0 and st["num_draft_tokens"] > 0
+    assert st["num_verify_rows"] > 0

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import assert_pool_free, step_graph, tiny_llama, tiny_prm
+from engine_fixtures import assert_backend_free, step_graph, tiny_llama, tiny_prm
 
 from spec_tot import ExecutorConfig, ThoughtGraph
 from spec_tot.adapters.local import create_local
@@ -36,7 +36,7 @@ async def backend(tiny_llama: Path, tiny_prm: Path) -> Any:
     yield local
     await local.flush()
     assert local.num_inflight == 0
-    assert_pool_free(local.engine)
+    await assert_backend_free(local)
     await local.aclose()
 
 
@@ -54,7 +54,7 @@ async def test_modes_leave_no_request_and_no_kv_block(backend: Any, mode: str, s
     assert all(r.status == "ok" and r.answer is not None for r in batch.results)
     await backend.flush()
     assert backend.num_inflight == 0
-    assert_pool_free(backend.engine)
+    await assert_backend_free(backend)
 
 
 @pytest.mark.parametrize(
@@ -84,4 +84,4 @@ async def test_random_cancellation_frees_every_block(backend: Any, seed: int, se
         assert result.answer is not None
     await backend.flush()
     assert backend.num_inflight == 0
-    assert_pool_free(backend.engine)
+    await assert_backend_free(backend)

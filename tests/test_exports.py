@@ -22,7 +22,6 @@ EXPECTED = {
     "RunnableReward",
     "SamplingParams",
     "SearchPolicy",
-    "SpeculativeGraph",
     "ThoughtGraph",
     "ToTApp",
     "ToTChatModel",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import assert_pool_free
+from engine_fixtures import assert_backend_free
 
 from spec_tot.adapters.local import create_local
 from spec_tot.config import ExecutorConfig
@@ -25,7 +25,7 @@ async def backend() -> Any:
     yield local
     await local.flush()
     assert local.num_inflight == 0
-    assert_pool_free(local.engine)
+    await assert_backend_free(local)
     await local.aclose()
 
 

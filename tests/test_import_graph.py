@@ -97,7 +97,7 @@ def test_importing_spec_tot_leaves_langgraph_and_the_chat_models_unloaded() -> N
         "heavy = [m for m in ('langgraph', 'spec_tot.langgraph', 'spec_tot.chat_model',"
         " 'spec_tot.chat_spec_tot') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
-        "from spec_tot import ChatSpecTot, SpeculativeGraph, ToTChatModel, from_langgraph\n"
+        "from spec_tot import ChatSpecTot, ToTChatModel, from_langgraph\n"
         "assert 'langgraph' in sys.modules and callable(from_langgraph)\n"
         "assert ChatSpecTot.__module__ == 'spec_tot.chat_spec_tot'\n"
     )

@@ -20,7 +20,7 @@ from spec_tot.adapters.scripted_chat import stable_unit
 from spec_tot.chat_spec_tot import ChatSpecTot
 from spec_tot.errors import ConfigError
 from spec_tot.executor import hub_for
-from spec_tot.langgraph import from_langgraph
+from spec_tot.langgraph import from_langgraph, speculation_of
 
 CAPACITY = 16
 
@@ -111,7 +111,9 @@ async def _side_by_side(seed: int, known: str) -> tuple[int, int]:
     llm = ChatSpecTot(backend=backend, seed=seed, max_tokens=8)
     graph = search_graph(llm)
     lg = from_langgraph(graph, backend=backend if known == "given" else None)
-    lg.slots.max_lag_s = 1.0  # a loaded test machine must not switch speculation off
+    speculation_of(
+        lg
+    ).slots.max_lag_s = 1.0  # a loaded test machine must not switch speculation off
     tot = make_app(backend, "rebase", "full", params={"width": 4})
     questions = [f"puzzle {i}" for i in range(2)]
     results = await asyncio.gather(
@@ -122,7 +124,7 @@ async def _side_by_side(seed: int, known: str) -> tuple[int, int]:
     # together never past the backend's capacity
     hub = hub_for(backend)
     assert backend.peak_speculative <= CAPACITY and hub.budget.peak_speculative <= CAPACITY
-    assert lg.slots.hubs == [hub] and lg.slots.used == 0
+    assert speculation_of(lg).slots.hubs == [hub] and speculation_of(lg).slots.used == 0
     # nothing left behind: no request, no slot, no reserved key, no demand
     assert backend.num_inflight == 0 and hub.active == set()
     assert sum(hub.budget.speculative.values()) == 0 and hub.budget.local_committed == 0
@@ -154,20 +156,25 @@ def test_sync_nodes_stream_through_the_runs_loop_and_budget() -> None:
     backend = saturating(0)
     llm = ChatSpecTot(backend=backend, seed=0, max_tokens=8)
     app = from_langgraph(search_graph(llm, sync=True))
-    app.slots.max_lag_s = 1.0
+    speculation_of(app).slots.max_lag_s = 1.0
     final = app.invoke({"question": "puzzle 0"})
+    assert all(r.request_id.startswith("lg-") for r in backend.requests)
+    assert speculative_requests(backend, "lg-") > 0 and speculation_of(app).slots.hubs == [
+        hub_for(backend)
+    ]
+    assert backend.peak_speculative <= CAPACITY and backend.num_inflight == 0
     baseline = from_langgraph(search_graph(llm, sync=True), mode="baseline")
     assert final == baseline.invoke({"question": "puzzle 0"})
-    assert all(r.request_id.startswith("lg-") for r in backend.requests)
-    assert speculative_requests(backend, "lg-") > 0 and app.slots.hubs == [hub_for(backend)]
-    assert backend.peak_speculative <= CAPACITY and backend.num_inflight == 0
 
 
 def test_backend_given_to_from_langgraph_is_checked() -> None:
     backend = saturating(0)
     llm = ChatSpecTot(backend=backend)
     app = from_langgraph(search_graph(llm), backend=llm)
-    assert app.slots.hubs == [hub_for(backend)] and app.slots.cap is None
-    assert from_langgraph(search_graph(ChatSpecTot(backend=backend))).slots.cap == 16
+    slots = speculation_of(app).slots
+    assert slots.hubs == [hub_for(backend)] and slots.cap is None
+    assert (
+        speculation_of(from_langgraph(search_graph(ChatSpecTot(backend=backend)))).slots.cap == 16
+    )
     with pytest.raises(ConfigError, match="backend: expected a spec-tot GenerationBackend"):
         from_langgraph(search_graph(ChatSpecTot(backend=backend)), backend="local")

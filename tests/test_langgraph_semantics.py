@@ -20,8 +20,8 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, RetryPolicy, Send
 from typing_extensions import TypedDict
 
-from spec_tot.errors import ConfigError, GraphValidationError, QueryTimeoutError
-from spec_tot.langgraph import from_langgraph
+from spec_tot.errors import GraphValidationError, QueryTimeoutError
+from spec_tot.langgraph import arun, from_langgraph
 
 MODES = ["baseline", "full"]
 
@@ -184,27 +184,61 @@ def test_errors_and_retries_behave_as_in_langgraph() -> None:
         from_langgraph(broken).invoke({"topic": "x"})
 
 
-def test_options_it_cannot_honour_are_refused() -> None:
-    saver = _graph().compile(checkpointer=InMemorySaver())
-    with pytest.raises(ConfigError, match="checkpointer"):
-        from_langgraph(saver)
-    with pytest.raises(ConfigError, match="interrupt_before"):
-        from_langgraph(_graph().compile(interrupt_before=["rank"]))
-    app = from_langgraph(_graph())
-    with pytest.raises(ConfigError, match="thread_id"):
-        app.invoke({"topic": "x"}, {"configurable": {"thread_id": "t"}})
-    with pytest.raises(ConfigError, match="interrupt_after"):
-        app.invoke({"topic": "x"}, interrupt_after=["rank"])
-    with pytest.raises(ConfigError, match="durability"):
-        app.invoke({"topic": "x"}, durability="sync")
-    with pytest.raises(ConfigError, match="stream_mode"):
-        list(app.stream({"topic": "x"}, stream_mode="messages"))
-    with pytest.raises(ConfigError, match="Command"):
-        app.invoke(Command(resume="yes"))
-    with pytest.raises(ConfigError, match="graph"):
-        from_langgraph(object())
-    with pytest.raises(ConfigError, match="recursion_limit"):
-        app.invoke({"topic": "x"}, {"recursion_limit": 0})
+def _asking() -> StateGraph[Any, Any, Any, Any]:
+    """Drafts in parallel, then asks a human (``interrupt``) which one is best."""
+    from langgraph.types import interrupt
+
+    def ask(state: dict[str, Any]) -> dict[str, Any]:
+        return {"best": str(interrupt({"choose from": sorted(state["items"])}))}
+
+    builder = StateGraph(State)
+    builder.add_node(
+        "draft", lambda s: {"items": [s["seed"]]}, metadata={"spec_tot": {"kind": "thought"}}
+    )
+    builder.add_node("ask", ask)
+    builder.add_conditional_edges(
+        START, lambda s: [Send("draft", {"seed": f"{s['topic']}{i}"}) for i in range(3)]
+    )
+    builder.add_edge("draft", "ask")
+    return builder
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_checkpoints_interrupts_and_resume_work_as_in_langgraph(mode: str) -> None:
+    """What LangGraph's loop does, it does here: checkpointed threads, ``interrupt_after``,
+    ``interrupt()`` and ``Command(resume=...)``, durability, stream modes LangGraph has and
+    spec-tot once refused. (LangGraph's own suite is the full check:
+    scripts/langgraph_suite.py.)"""
+
+    def runs(app: Any, asking: Any) -> list[Any]:
+        thread: Any = {"configurable": {"thread_id": "t", "tag": "t1"}}
+        out = [app.invoke({"topic": "x"}, thread, context=CONTEXT, durability="sync")]
+        out.append([s.next for s in app.get_state_history(thread)])
+        out.append(app.invoke(None, thread, context=CONTEXT))  # resume after the interrupt
+        out.append(app.get_state(thread).values)
+        other: Any = {"configurable": {"thread_id": "u"}}
+        first = asking.invoke({"topic": "y"}, other)
+        out.append((first["__interrupt__"][0].value, asking.get_state(other).next))
+        out.append(asking.invoke(Command(resume="y1"), other))
+        modes = ["updates", "tasks", "checkpoints", "messages", "custom"]
+        chunks = asking.stream(
+            {"topic": "z"}, {"configurable": {"thread_id": "v"}}, stream_mode=modes
+        )
+        out.append(sorted(repr(m) for m, _ in chunks))
+        return out
+
+    theirs = runs(
+        _graph(sync=True).compile(checkpointer=InMemorySaver(), interrupt_after=["start"]),
+        _asking().compile(checkpointer=InMemorySaver()),
+    )
+    ours = runs(
+        from_langgraph(
+            _graph(sync=True).compile(checkpointer=InMemorySaver(), interrupt_after=["start"]),
+            mode=mode,
+        ),
+        from_langgraph(_asking().compile(checkpointer=InMemorySaver()), mode=mode),
+    )
+    assert ours == theirs
 
 
 @pytest.mark.parametrize(
@@ -251,7 +285,7 @@ async def test_timeout_and_cancellation_leave_nothing_running() -> None:
 
     app = from_langgraph(builder, config=ExecutorConfig(mode="full", query_timeout_s=0.05))
     with pytest.raises(QueryTimeoutError):
-        await app.ainvoke({"topic": "x"})
+        await arun(app, {"topic": "x"})
     assert running == set()
     task = asyncio.ensure_future(from_langgraph(builder).ainvoke({"topic": "x"}))
     async with asyncio.timeout(10):  # a loaded machine may take a while to start them

@@ -304,11 +304,11 @@ CLASSIFY_META = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_
 
 async def test_classify_scores_any_text_or_token_ids(server: tuple[LocalBackend, str]) -> None:
     backend, url = server
-    prm = backend.prm
+    prm = backend.reward
     assert prm is not None
     raw = "Is 9 + 4 more than 12? Yes."  # one line, no step tag: scored with the tag appended
     tagged = "Q: 2 2 6 6#\n2*6=12 (left: 2 6 12)#"  # already tagged: scored as given
-    ids = prm.tokenizer(raw)["input_ids"]
+    ids = backend.reward_tokenizer(raw)["input_ids"]
     want = await backend.classify([raw, tagged])
     async with httpx.AsyncClient(timeout=60) as c:
         one = (await c.post(f"{url}/classify", json={"text": raw, "rid": "r1"})).json()
@@ -324,7 +324,7 @@ async def test_classify_scores_any_text_or_token_ids(server: tuple[LocalBackend,
         assert [r["meta_info"]["id"] for r in batch] == ["b_0", "b_1"]  # as /generate's rule
         assert [r["embedding"][0] for r in batch] == pytest.approx(want, abs=1e-6)
         # The same tokens as input_ids, with or without the tag's ids: the same reward.
-        by_ids = (await c.post(f"{url}/classify", json={"input_ids": [ids, ids + prm.tag_ids],
+        by_ids = (await c.post(f"{url}/classify", json={"input_ids": [ids, ids + list(prm.tag_ids)],
                                                          "rid": ["x", "y"]})).json()  # fmt: skip
         assert [r["meta_info"]["id"] for r in by_ids] == ["x", "y"]
         assert [r["embedding"][0] for r in by_ids] == pytest.approx([want[0]] * 2, abs=1e-6)

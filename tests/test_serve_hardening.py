@@ -15,7 +15,7 @@ import httpx
 import pytest
 import pytest_asyncio
 import torch
-from engine_fixtures import assert_pool_free, tiny_llama, tiny_prm
+from engine_fixtures import assert_backend_free, tiny_llama, tiny_prm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from serve_helpers import served, settle
@@ -98,8 +98,7 @@ async def test_poison_one_bad_request_fails_alone(clean: tuple[LocalBackend, str
             for path in ("/generate", "/abort_request", "/classify", "/v1/completions"):
                 reply = await client.post(f"{url}{path}", content=raw)
                 assert reply.status_code == 400 and "body" in reply.text, (path, raw)
-    await backend.flush()
-    assert_pool_free(backend.engine)
+    await assert_backend_free(backend)
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -109,8 +108,8 @@ async def test_classify_refuses_what_the_prm_cannot_hold(
     """Every length is checked before tokenising or allocating (a 1 MB text once tried to
     allocate ~1 TB for an attention mask); each refusal is a 400 naming the field."""
     backend, url = clean
-    assert backend.prm is not None
-    fits = backend.prm.max_len - len(backend.prm.tag_ids)
+    assert backend.reward is not None
+    fits = backend.reward.max_len - len(backend.reward.tag_ids)
     async with httpx.AsyncClient(timeout=60) as client:
         for body, field in (
             ({"text": "q\n" + "1+2=3\n" * 200_000}, "text"),  # over the character cap

@@ -1,7 +1,8 @@
 """The embedded inference engine (nano-vllm style): the default backend.
 
-``create_local(policy_path=..., prm_path=..., **engine options)`` builds a ``LocalBackend``;
-heavy modules (torch, transformers) are imported only when it is called.
+``create_local(policy_path=..., prm_path=..., **engine options)`` builds a ``LocalBackend``
+whose engine core runs in a child process, started on first use; torch and transformers are
+imported there (and in this process only with ``process=False``).
 """
 
 from __future__ import annotations
@@ -10,25 +11,46 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .backend import LocalBackend
-    from .config import EngineConfig, SyntheticWorkload
+    from .config import CoreOptions, EngineConfig, PrmConfig, SyntheticWorkload
     from .engine import LLMEngine
 
-__all__ = ["EngineConfig", "LLMEngine", "LocalBackend", "SyntheticWorkload", "create_local"]
+__all__ = [
+    "CoreOptions",
+    "EngineConfig",
+    "LLMEngine",
+    "LocalBackend",
+    "PrmConfig",
+    "SyntheticWorkload",
+    "create_local",
+]
 
 
 def create_local(
     policy_path: str | None = None,
     prm_path: str | None = None,
+    *,
+    process: bool = True,
+    threads: int | None = None,
+    prm_process: bool = False,
+    launcher: str = "auto",
+    core_hook: str | None = None,
     **options: Any,
 ) -> LocalBackend:
     """A ``LocalBackend`` for a local Hugging Face folder (``policy_path``), or for a
     random-weight model (``model_config={...}``), plus an optional PRM folder. ``options`` are
     ``EngineConfig`` fields (``synthetic`` may be a dict of ``SyntheticWorkload`` fields), and
-    ``prm_num_kv_blocks`` / ``prm_block_size`` size the PRM's own prefix-cache pool."""
+    ``prm_num_kv_blocks`` / ``prm_block_size`` size the PRM's own prefix-cache pool.
+    ``process``, ``threads``, ``prm_process``, ``launcher`` and ``core_hook`` say where the
+    engine core runs (``CoreOptions``: a child process by default, started on first use).
+    Every option and both folders are checked here; nothing loads until first use."""
     from .backend import LocalBackend
-    from .config import EngineConfig, SyntheticWorkload, resolve_device, resolve_dtype
-    from .engine import LLMEngine
-    from .prm import PrmScorer
+    from .config import (
+        CoreOptions,
+        EngineConfig,
+        PrmConfig,
+        SyntheticWorkload,
+        check_model_folder,
+    )
 
     synthetic = options.pop("synthetic", None)
     prm_options = {
@@ -38,16 +60,19 @@ def create_local(
     }
     if isinstance(synthetic, dict):
         synthetic = SyntheticWorkload(**synthetic)
+    core = CoreOptions(process, threads, prm_process, launcher, hook=core_hook)
     engine = None
     if policy_path is not None or options.get("model_config") is not None:
-        config = EngineConfig(model=policy_path, synthetic=synthetic, **options)
-        engine = LLMEngine(config)
+        engine = EngineConfig(model=policy_path, synthetic=synthetic, **options)
+        if policy_path is not None:
+            check_model_folder(policy_path, "policy_path")
     prm = None
     if prm_path is not None:
-        device = resolve_device(options.get("device", "cpu"))
-        dtype = resolve_dtype(options.get("dtype", "auto"), device)
-        prm = PrmScorer(prm_path, device, dtype, **prm_options)
-    return LocalBackend(engine, prm)
+        check_model_folder(prm_path, "prm_path", needs=("prm.json",))
+        device = options.get("device", "cpu")
+        dtype = options.get("dtype", "auto")
+        prm = PrmConfig(prm_path, device, dtype, **prm_options)
+    return LocalBackend(engine, prm, options=core)
 
 
 def __getattr__(name: str) -> Any:  # lazy re-exports: importing the package stays cheap
@@ -55,7 +80,7 @@ def __getattr__(name: str) -> Any:  # lazy re-exports: importing the package sta
         from .backend import LocalBackend
 
         return LocalBackend
-    if name in ("EngineConfig", "SyntheticWorkload"):
+    if name in ("CoreOptions", "EngineConfig", "PrmConfig", "SyntheticWorkload"):
         from . import config
 
         return getattr(config, name)

@@ -1,25 +1,33 @@
-"""LocalBackend: the engine behind the async backend contracts.
+"""LocalBackend: the embedded engine behind the async backend contracts.
 
-The engine is not thread-safe, so exactly one worker thread owns it: the event loop only
-puts commands on a queue (add, abort, flush, stop) and awaits futures (``generate``) or
-reads queues (``stream``) that the worker feeds through ``loop.call_soon_threadsafe``. The
-worker drains commands between steps, so an abort frees its KV blocks before the next step.
-PRM scoring runs on its own single thread, so neither kind of work ever blocks the event
-loop. A request that fails inside a step fails alone (``LLMEngine.take_failures``); only a
-step that fails as a whole, with no row to blame, fails every request in flight.
+The engine core (scheduler, model runner, block manager, sampler, PRM: ``core.py``) runs
+in a child process by default, so the caller's Python (the executor, the search) never
+holds the GIL the engine needs; ``CoreOptions(process=False)`` runs it on a worker thread
+of this process instead. Either way this object only queues typed commands
+(``messages.py``) and routes the core's per-step output batches to the futures and stream
+queues of its callers, on their own event loops (``loop.call_soon_threadsafe``); nothing
+here waits for the engine on an event loop.
 
-Requests are checked on the event loop before they are queued (types, ids in the
-vocabulary, lengths, text capped by characters), so a bad one costs the engine nothing.
+Requests are checked here before they are sent (types, ids in the vocabulary, lengths,
+text capped by characters: ``RequestValidator.check_request`` with the limits the core
+reported), so a bad one costs the engine nothing; the core tokenises and checks the rest.
+
+Lifecycle: the core starts on first use (``capabilities``, ``generate``, ``score``, ...).
+If it dies (a crash, a kill, out of memory), every request in flight on it fails with a
+``BackendError`` that says so, and the next call starts a fresh core. ``aclose`` stops it
+(requests still in flight fail with "backend closed"); at interpreter exit it is stopped
+too, and a core whose backend's process died exits by itself (``core_process.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import queue
+import itertools
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as Seq
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from spec_tot.backends import GenerationBackend, RewardBackend
@@ -33,108 +41,210 @@ from spec_tot.requests import (
     StreamUpdate,
 )
 
-from .calibrate import (
-    CalibrationCache,
-    disturbed,
-    model_fingerprint,
-    reward_knee,
-    saturation_from_curve,
-    step_cost_curve,
+from .config import CoreOptions, EngineConfig, PrmConfig
+from .delivery import Delivery
+from .messages import (
+    PROTOCOL,
+    Abort,
+    Add,
+    Cancel,
+    Classify,
+    Flush,
+    FlushPrefixCache,
+    Inspect,
+    Ping,
+    PolicyInfo,
+    PoolReport,
+    RewardInfo,
+    Score,
+    Start,
 )
-from .engine import LLMEngine
-from .prm import PrmScorer
+from .proc import CoreLink, ForkServer, default_threads, start_link
+from .validate import RequestValidator
 
 __all__ = ["LocalBackend"]
 
-_Command = tuple[str, Any, "asyncio.AbstractEventLoop | None", "asyncio.Future[Any] | None"]
 
+@dataclass(slots=True)
+class _Slot:
+    """One core: started on first use, started afresh after it died."""
 
-def _resolve(fut: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
-    if fut.done():  # cancelled by its caller meanwhile
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(value)
+    start: Start
+    link: CoreLink | None = None
+    validator: RequestValidator | None = None
 
-
-def _send(sink: Any, value: Any, error: BaseException | None, final: bool = True) -> None:
-    """Deliver to a future, or append to a stream's queue (an error or a final result ends
-    the stream)."""
-    if isinstance(sink, asyncio.Future):
-        if final:
-            _resolve(sink, value, error)
-        return
-    sink.put_nowait(error if error is not None else value)
+    def current(self) -> CoreLink | None:
+        link = self.link
+        return link if link is not None and link.alive else None
 
 
 class LocalBackend(GenerationBackend, RewardBackend):
     def __init__(
         self,
-        engine: LLMEngine | None,
-        prm: PrmScorer | None = None,
+        engine: EngineConfig | None,
+        prm: PrmConfig | None = None,
         *,
-        cache: CalibrationCache | None = None,
+        options: CoreOptions | None = None,
+        cache_dir: str | None = None,
     ) -> None:
         if engine is None and prm is None:
             raise ConfigError("policy_path", "give a policy model, a PRM, or both")
-        self.engine = engine
-        self.prm = prm
-        self._inflight: dict[str, Any] = {}
-        self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()
-        self._pending: dict[str, tuple[asyncio.AbstractEventLoop, Any]] = {}
+        self.options = options or CoreOptions()
+        opts = self.options
+        threads = (opts.threads or default_threads()) if opts.process else None
+
+        def start(e: EngineConfig | None, p: PrmConfig | None) -> Start:
+            return Start(PROTOCOL, e, p, cache_dir, threads, opts.hook)
+
+        if opts.process and opts.prm_process and engine is not None and prm is not None:
+            self._policy: _Slot | None = _Slot(start(engine, None))
+            self._reward: _Slot | None = _Slot(start(None, prm))
+        else:
+            shared = _Slot(start(engine, prm))
+            self._policy = shared if engine is not None else None
+            self._reward = shared if prm is not None else None
+        self._slots = [s for s in {id(s): s for s in (self._policy, self._reward) if s}.values()]
+        self._lock = threading.Lock()
         self._closed = False
-        self._cache = cache or CalibrationCache()
-        self._saturation = 0
-        self._step_curve: dict[int, float] = {}
-        if engine is not None:
-            configured = engine.config.saturation_batch
-            self._saturation = configured or self._calibrate_engine(engine)
-        self._stats: dict[str, float] = engine.stats() if engine else {}
-        self._prm_pool = ThreadPoolExecutor(1, thread_name_prefix="spec-tot-prm") if prm else None
-        self._reward_knee = self._calibrate_prm(prm) if prm is not None else None
-        self._thread = threading.Thread(target=self._worker, name="spec-tot-engine", daemon=True)
-        if engine is not None:
-            self._thread.start()
+        self._delivery = Delivery()
+        self._tickets = itertools.count(1)
+        self._inflight: dict[str, int] = {}
+        self._tokenizers: dict[str, Any] = {}
+        weakref.finalize(self, _close_all, self._slots)
+        if opts.process and ForkServer.forks(opts):
+            ForkServer.shared()  # warm it now: its imports overlap the caller's start-up
 
-    # -- calibration ------------------------------------------------------------------------
-    def _calibrate_engine(self, engine: LLMEngine) -> int:
-        cfg = engine.config
-        what = {
-            "model": model_fingerprint(cfg.model, cfg.model_config),
-            "engine": [
-                cfg.device,
-                cfg.dtype,
-                cfg.block_size,
-                cfg.max_num_seqs,
-                cfg.max_num_batched_tokens,
-                cfg.mixed_steps,
-                engine.runner.attention,
-            ],
-        }
-        key = self._cache.key("steps", what)
-        hit = self._cache.get(key)
-        curve = {}
-        if hit is not None and isinstance(hit.get("curve"), dict):
-            curve = {int(b): float(t) for b, t in hit["curve"].items()}
-        if not curve or disturbed(curve):  # a disturbed curve is measured again
-            with engine.plain_decoding():
-                curve = step_cost_curve(engine)
-            if not disturbed(curve):
-                self._cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
-        self._step_curve = curve
-        engine.use_step_costs(curve)
-        return saturation_from_curve(curve, cfg.max_num_seqs)
+    # -- the core's lifecycle ---------------------------------------------------------------
+    def _link(self, slot: _Slot) -> CoreLink:
+        """``slot``'s running core, started now if there is none (blocking)."""
+        link = slot.current()
+        if link is not None:
+            return link
+        with self._lock:
+            if self._closed:
+                raise BackendError("local", "backend closed")
+            link = slot.current()
+            if link is None:
+                link = start_link(slot.start, self.options, self._delivery.on_output, self._on_exit)
+                policy = link.ready.policy
+                slot.validator = _validator(policy) if policy is not None else None
+                slot.link = link
+                if slot is self._policy:
+                    self._delivery.stats = dict(link.ready.stats)
+            return link
 
-    def _calibrate_prm(self, prm: PrmScorer) -> tuple[int, float]:
-        what = {"model": model_fingerprint(prm.folder, None), "prm": [prm.device, prm.max_len]}
-        key = self._cache.key("reward", what)
-        hit = self._cache.get(key)
-        if hit is not None and {"tokens", "seconds"} <= hit.keys():
-            return int(hit["tokens"]), float(hit["seconds"])
-        tokens, seconds, curve = reward_knee(prm, step_tokens=self.count_item_tokens)
-        self._cache.put(key, {"tokens": tokens, "seconds": seconds, "curve": curve})
-        return tokens, seconds
+    async def _alink(self, slot: _Slot | None, what: str) -> CoreLink:
+        if slot is None or self._closed:
+            raise BackendError("local", f"no {what} (closed, or not loaded)")
+        link = slot.current()
+        if link is None:
+            link = await asyncio.to_thread(self._link, slot)
+        return link
+
+    def _on_exit(self, link: CoreLink, error: BaseException | None) -> None:
+        if error is not None:
+            error = BackendError(
+                "local",
+                f"{str(error).removeprefix('local: ')}; the requests in flight on it failed, "
+                "and the next call starts a fresh engine",
+            )
+        self._delivery.fail_link(link, error or BackendError("local", "backend closed"))
+
+    @property
+    def engine(self) -> Any:
+        """The ``LLMEngine`` itself with ``process=False`` (debugging); None in a process."""
+        link = self._link(self._policy) if self._policy and not self.options.process else None
+        return getattr(link, "core", None) and link.core.engine  # type: ignore[union-attr]
+
+    @property
+    def prm(self) -> Any:
+        """The ``PrmScorer`` itself with ``process=False``; None in a process."""
+        link = self._link(self._reward) if self._reward and not self.options.process else None
+        return getattr(link, "core", None) and link.core.prm  # type: ignore[union-attr]
+
+    @property
+    def validator(self) -> RequestValidator | None:
+        """The checks run here before a request is sent (None without a policy)."""
+        if self._policy is None:
+            return None
+        self._link(self._policy)
+        return self._policy.validator
+
+    @property
+    def policy(self) -> PolicyInfo | None:
+        """The policy engine's limits (None without one); starts the core if needed."""
+        return self._link(self._policy).ready.policy if self._policy else None
+
+    @property
+    def reward(self) -> RewardInfo | None:
+        """The PRM's layout and limits (None without one); starts the core if needed."""
+        return self._link(self._reward).ready.reward if self._reward else None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer in this process (loaded on first use), None without one."""
+        info = self.policy
+        if info is None:
+            return None
+        engine = self.engine
+        if engine is not None:
+            return engine.tokenizer
+        return self._tokenizer("policy", info.model, info.vocab_size)
+
+    @property
+    def reward_tokenizer(self) -> Any:
+        info = self.reward
+        if info is None:
+            return None
+        prm = self.prm
+        return prm.tokenizer if prm is not None else self._tokenizer("prm", info.folder, 0)
+
+    def render_chat(self, messages: Seq[Any]) -> str:
+        """One prompt from chat messages (``{"role", "content"}`` dicts or LangChain
+        messages) with the model's own chat template, its generation prompt appended;
+        ``role: content`` lines when the model has no template. Give it as ``ChatSpecTot``'s
+        ``to_prompt`` for an instruction-tuned model."""
+        plain = [_role_content(m) for m in messages]
+        tokenizer = self.tokenizer
+        if getattr(tokenizer, "chat_template", None):
+            return str(
+                tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+            )
+        return "".join(f"{m['role']}: {m['content']}\n" for m in plain) + "assistant:"
+
+    def _tokenizer(self, role: str, folder: str | None, vocab_size: int) -> Any:
+        tok = self._tokenizers.get(role)
+        if tok is None:
+            if folder is None:
+                from .synthetic import PseudoTokenizer
+
+                tok = PseudoTokenizer(vocab_size)
+            else:
+                from transformers import AutoTokenizer
+
+                tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            self._tokenizers[role] = tok
+        return tok
+
+    async def check_health(self, timeout: float = 10.0) -> int:
+        """Ping every core (starting any that is not running); the policy core's pid.
+        A core that does not answer within ``timeout`` seconds is a ``BackendError``."""
+        pid = 0
+        for slot in self._slots:
+            link = await self._alink(slot, "engine")
+            try:
+                pong = await asyncio.wait_for(self._call(link, Ping), timeout)
+            except TimeoutError:
+                raise BackendError("local", f"the engine (pid {link.pid}) did not answer") from None
+            pid = pid or pong.pid
+        return pid
+
+    async def pool_report(self) -> PoolReport:
+        """Where the KV blocks are, after every command sent before this call."""
+        slot = self._policy or self._reward
+        link = await self._alink(slot, "engine")
+        pong = await self._call(link, Inspect)
+        return pong.report  # type: ignore[no-any-return]
 
     # -- contract ---------------------------------------------------------------------------
     @property
@@ -142,64 +252,84 @@ class LocalBackend(GenerationBackend, RewardBackend):
         """``saturation_batch`` and the reward knee as measured (see ``calibrate.py``);
         ``extra`` adds the KV pool size and ``step_s_b{n}``, the measured full step time
         (seconds) at decode batch ``n``."""
-        cfg = self.engine.config if self.engine else None
+        ready = self._link(self._policy).ready if self._policy else None
+        knee = self._link(self._reward).ready.reward_knee if self._reward else None
+        policy = ready.policy if ready else None
         extra = {
-            "num_kv_blocks": float(cfg.num_kv_blocks if cfg else 0),
-            "block_size": float(cfg.block_size if cfg else 0),
+            "num_kv_blocks": float(policy.num_kv_blocks if policy else 0),
+            "block_size": float(policy.block_size if policy else 0),
         }
-        extra.update({f"step_s_b{b}": t for b, t in self._step_curve.items()})
+        if ready is not None:
+            extra.update({f"step_s_b{b}": t for b, t in ready.step_curve.items()})
         return Capabilities(
             abort=True,
             prefix_abort=True,
             prefix_cache=True,
             engine_dedup=True,
             streaming=True,
-            saturation_batch=max(1, self._saturation),
-            max_running_requests=cfg.max_num_seqs if cfg else 1,
-            reward_batch_tokens=self._reward_knee[0] if self._reward_knee else None,
-            reward_batch_s=self._reward_knee[1] if self._reward_knee else None,
+            saturation_batch=max(1, ready.saturation_batch if ready else 0),
+            max_running_requests=policy.max_num_seqs if policy else 1,
+            reward_batch_tokens=knee[0] if knee else None,
+            reward_batch_s=knee[1] if knee else None,
             name="local",
             extra=extra,
         )
 
     @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        """Whether a core is up now (none before first use, after a crash, after close)."""
+        return any(slot.current() is not None for slot in self._slots)
+
+    @property
     def num_inflight(self) -> int:
         return len(self._inflight)
 
-    def _admit(self, request: GenerateRequest, sink: Any) -> asyncio.AbstractEventLoop:
-        if self.engine is None or self._closed:
-            raise BackendError("local", "no policy engine (closed, or built with a PRM only)")
+    def _admit(self, request: GenerateRequest, link: CoreLink) -> int:
         if not isinstance(request, GenerateRequest):
             raise ConfigError("request", f"must be a GenerateRequest, got {type(request).__name__}")
         if request.request_id in self._inflight:
             raise ConfigError("request_id", f"{request.request_id!r} is already in flight")
-        self.engine.validator.check_request(request)  # cheap checks, no tokenizing
-        self._inflight[request.request_id] = sink
-        return asyncio.get_running_loop()
+        assert self._policy is not None and self._policy.validator is not None  # internal
+        self._policy.validator.check_request(request)  # cheap checks, no tokenizing
+        ticket = next(self._tickets)
+        self._inflight[request.request_id] = ticket
+        return ticket
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        fut: asyncio.Future[GenerateResult] = asyncio.get_running_loop().create_future()
-        loop = self._admit(request, fut)
-        self._commands.put(("add", request, loop, fut))
+        link = await self._alink(self._policy, "policy engine")
+        ticket = self._admit(request, link)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[GenerateResult] = loop.create_future()
+        self._delivery.expect(ticket, link, loop, fut)
         try:
+            if not link.send(Add(ticket, request)):
+                self._delivery.fail(ticket, BackendError("local", "the engine is gone"))
             return await fut
         except asyncio.CancelledError:
             # a cancelled caller leaves nothing behind: abort exactly this id in the engine
-            self._commands.put(("abort_exact", request.request_id, None, None))
+            link.send(Cancel(request.request_id))
             raise
         finally:
             self._inflight.pop(request.request_id, None)
+            self._delivery.forget(ticket)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamUpdate]:
         """Per-token updates of every sample of ``request``; the last update of a sample
         carries its ``Completion``. Closing the iterator early aborts the request: at once
         when the consuming task is cancelled or the iterator is ``aclose()``d (wrap it in
         ``contextlib.aclosing`` to leave a loop with ``break``), else when it is collected."""
+        link = await self._alink(self._policy, "policy engine")
+        ticket = self._admit(request, link)
         updates: asyncio.Queue[Any] = asyncio.Queue()
-        loop = self._admit(request, updates)
-        self._commands.put(("add_stream", request, loop, None))
+        self._delivery.expect(ticket, link, asyncio.get_running_loop(), updates)
         open_samples = set(range(request.n))
         try:
+            if not link.send(Add(ticket, request, stream=True)):
+                self._delivery.fail(ticket, BackendError("local", "the engine is gone"))
             while open_samples:
                 item = await updates.get()
                 if isinstance(item, BaseException):
@@ -217,174 +347,96 @@ class LocalBackend(GenerationBackend, RewardBackend):
                 open_samples.clear()
         finally:
             if open_samples:
-                self._commands.put(("abort_exact", request.request_id, None, None))
+                link.send(Cancel(request.request_id))
             self._inflight.pop(request.request_id, None)
+            self._delivery.forget(ticket)
 
     async def abort(self, prefix: str) -> int:
-        if self.engine is None or self._closed:
+        link = self._policy.current() if self._policy and not self._closed else None
+        if link is None:  # no core running: nothing in flight
             return 0
-        return int(await self._call("abort", prefix))
+        return int((await self._call(link, lambda call: Abort(call, prefix))).value or 0)
 
     async def flush(self) -> None:
-        """Wait until the worker has handled every command sent before this call."""
-        if self.engine is not None and not self._closed:
-            await self._call("flush", None)
+        """Wait until the core has handled every command sent before this call."""
+        link = self._policy.current() if self._policy and not self._closed else None
+        if link is not None:
+            await self._call(link, Flush)
 
     async def flush_prefix_cache(self) -> bool:
         """Drop the engine's prefix cache while it is idle; False (nothing done) while
         requests run or wait."""
-        if self.engine is None or self._closed:
+        if self._policy is None or self._closed:
             return False
-        return bool(await self._call("flush_prefix_cache", None))
+        link = await self._alink(self._policy, "policy engine")
+        return bool((await self._call(link, FlushPrefixCache)).value)
 
     def count_tokens(self, text: str) -> int:
-        if self.engine is None:
+        tokenizer = self.tokenizer
+        if tokenizer is None:
             return max(1, len(text) // 4)
-        return max(1, len(self.engine.encode(text)))
+        return max(1, len(tokenizer.encode(text)))
 
     def count_item_tokens(self, item: RewardItem) -> int:
-        """Tokens scoring ``item`` computes, estimated from length (tokenizing every item on
-        the event loop cost a third of the executor's CPU at 64 queries): the PRM reuses the
-        question and earlier steps, so an item costs its last step (and the question, for a
-        first step)."""
-        tag = self.prm.step_tag if self.prm is not None else ""
-        chars = len(item.steps[-1]) + len(tag) + 1 if item.steps else 0
-        if len(item.steps) <= 1:
-            chars += len(item.question) + 1
-        per_char = self.prm.tokens_per_char if self.prm is not None else 0.25
-        return max(1, round(chars * per_char))
+        """Tokens scoring ``item`` computes (``RewardInfo.item_tokens``)."""
+        info = self.reward
+        if info is None:
+            return max(1, round(len(item.text) * 0.25))
+        return info.item_tokens(item)
 
     def stats(self) -> dict[str, float]:
-        return dict(self._stats)
+        return dict(self._delivery.stats) if self._policy else {}
 
     async def score(self, items: Seq[RewardItem]) -> list[tuple[float, ...]]:
-        if self.prm is None or self._prm_pool is None:
-            raise BackendError("local", "no PRM loaded (pass prm_path)")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prm_pool, self.prm.score, list(items))
+        link = await self._alink(self._reward, "PRM (pass prm_path)")
+        reply = await self._call(link, lambda call: Score(call, list(items)))
+        return [tuple(s) for s in reply.scores]
 
     async def classify(self, texts: Seq[str | Seq[int]]) -> list[float]:
         """The PRM's reward of each raw text (``PrmScorer.classify``)."""
-        if self.prm is None or self._prm_pool is None:
-            raise BackendError("local", "no PRM loaded (pass prm_path)")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prm_pool, self.prm.classify, list(texts))
+        link = await self._alink(self._reward, "PRM (pass prm_path)")
+        rows = [t if isinstance(t, str) else list(t) for t in texts]
+        reply = await self._call(link, lambda call: Classify(call, rows))
+        return list(reply.rewards)
 
     async def aclose(self) -> None:
         if self._closed:
             return
-        self._closed = True
-        if self._thread.is_alive():
-            self._commands.put(("stop", None, None, None))
-            await asyncio.to_thread(self._thread.join)
-        if self._prm_pool is not None:
-            self._prm_pool.shutdown(wait=False)
+        with self._lock:
+            self._closed = True
+        await asyncio.to_thread(_close_all, self._slots)
 
-    async def _call(self, kind: str, payload: Any) -> Any:
+    async def _call(self, link: CoreLink, make: Any) -> Any:
+        """Send the command ``make(call_id)`` and await its answer (an error raises)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._commands.put((kind, payload, loop, fut))
+        call = self._delivery.expect_call(link, loop, fut)
+        if not link.send(make(call)):
+            self._delivery.fail_call(call, BackendError("local", "the engine is gone"))
         return await fut
 
-    # -- worker thread ----------------------------------------------------------------------
-    def _worker(self) -> None:
-        engine = self.engine
-        assert engine is not None  # internal: the thread starts only with an engine
-        running = True
-        while running:
-            try:
-                command = self._commands.get(block=not engine.has_unfinished())
-                while True:
-                    running = self._handle(engine, command) and running
-                    command = self._commands.get_nowait()
-            except queue.Empty:
-                pass
-            if running and engine.has_unfinished():
-                try:
-                    results = engine.step()
-                except Exception as exc:  # no row to blame: fail every waiter, keep going
-                    self._fail_all(engine, BackendError("local", f"engine step failed: {exc!r}"))
-                    results = []
-                self._stats = engine.stats()  # before waking anyone: callers see it
-                self._deliver_updates(engine.take_stream_updates())
-                for rid, error in engine.take_failures():
-                    self._finish(rid, None, BackendError("local", f"request {rid!r}: {error!r}"))
-                self._deliver(results)
-        self._fail_all(engine, BackendError("local", "backend closed"))
 
-    def _fail_all(self, engine: LLMEngine, error: BaseException) -> None:
-        engine.abort_all()
-        engine.take_stream_updates()
-        for loop, sink in self._pending.values():
-            _post(loop, _send, sink, None, error)
-        self._pending.clear()
-
-    def _handle(self, engine: LLMEngine, command: _Command) -> bool:
-        try:
-            return self._handle_one(engine, command)
-        except Exception as exc:  # keep the worker alive; the caller gets the error
-            _, _, loop, fut = command
-            if loop is not None and fut is not None:
-                loop.call_soon_threadsafe(_resolve, fut, None, BackendError("local", repr(exc)))
-            return True
-
-    def _handle_one(self, engine: LLMEngine, command: _Command) -> bool:
-        kind, payload, loop, fut = command
-        value: Any = None
-        if kind in ("add", "add_stream"):
-            sink = fut if kind == "add" else self._inflight.get(payload.request_id)
-            if loop is None or sink is None:  # a stream closed before its request got here
-                return True
-            try:
-                engine.add_request(payload, stream=kind == "add_stream")
-            except Exception as exc:  # a ConfigError naming the field, to this caller only
-                loop.call_soon_threadsafe(_send, sink, None, exc)
-                return True
-            self._pending[payload.request_id] = (loop, sink)
-            return True
-        if kind == "abort":
-            results = engine.abort(payload)
-            self._stats = engine.stats()
-            self._deliver(results)
-            value = len(results)
-        elif kind == "abort_exact":
-            engine.abort_request(payload)
-            self._pending.pop(payload, None)
-        elif kind == "flush":
-            self._stats = engine.stats()
-        elif kind == "flush_prefix_cache":
-            value = not engine.has_unfinished() and engine.block_manager.reset_prefix_cache()
-        elif kind == "stop":
-            return False
-        if loop is not None and fut is not None:
-            loop.call_soon_threadsafe(_resolve, fut, value, None)
-        return True
-
-    def _deliver_updates(self, updates: list[StreamUpdate]) -> None:
-        for update in updates:
-            entry = self._pending.get(update.request_id)
-            if entry is not None:
-                _post(entry[0], _send, entry[1], update, None, False)
-
-    def _finish(self, rid: str, result: GenerateResult | None, error: BaseException | None) -> None:
-        entry = self._pending.pop(rid, None)
-        if entry is not None:
-            _post(entry[0], _send, entry[1], result, error)
-
-    def _deliver(self, results: list[GenerateResult]) -> None:
-        for result in results:
-            self._finish(result.request_id, result, None)
+def _validator(info: PolicyInfo) -> RequestValidator:
+    return RequestValidator(
+        None, info.vocab_size, info.max_len, info.max_num_seqs, info.max_prompt_chars
+    )
 
 
-def _post(loop: asyncio.AbstractEventLoop, *callback: Any) -> None:
-    """``loop.call_soon_threadsafe(*callback)``, unless the caller's loop has closed (a
-    stream consumer's ``asyncio.run`` may end right after its last update): nobody waits
-    there any more, and the worker must live on."""
-    try:
-        loop.call_soon_threadsafe(*callback)
-    except RuntimeError:
-        if not loop.is_closed():
-            raise
+def _close_all(slots: list[_Slot]) -> None:
+    for slot in slots:
+        link = slot.link
+        if link is not None and link.alive:
+            link.close()
+
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
+
+
+def _role_content(message: Any) -> dict[str, str]:
+    if isinstance(message, dict):
+        return {"role": str(message["role"]), "content": str(message.get("content") or "")}
+    role = _ROLES.get(getattr(message, "type", ""), "user")
+    return {"role": role, "content": str(getattr(message, "content", ""))}
 
 
 def _final_update(request_id: str, index: int, completion: Completion) -> StreamUpdate:

@@ -38,8 +38,12 @@ import torch
 
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
+from .config import cache_root
+
 __all__ = [
     "CalibrationCache",
+    "calibrate_engine",
+    "calibrate_prm",
     "disturbed",
     "fit_line",
     "model_fingerprint",
@@ -222,12 +226,7 @@ class CalibrationCache:
     """One JSON file per calibration key under the user cache directory."""
 
     def __init__(self, root: str | Path | None = None) -> None:
-        if root is None:
-            root = (
-                os.environ.get("SPEC_TOT_CACHE_DIR")
-                or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
-            )
-        self.root = Path(root) / "calibration"
+        self.root = Path(root if root is not None else cache_root()) / "calibration"
 
     def key(self, kind: str, what: dict[str, Any]) -> str:
         blob = json.dumps(
@@ -252,3 +251,50 @@ class CalibrationCache:
             os.replace(tmp, self.root / f"{key}.json")  # atomic: a concurrent start reads whole
         except OSError:
             pass  # a read-only home only costs a calibration at the next start
+
+
+def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[int, float]]:
+    """``(saturation batch, step-cost curve)`` of ``engine``: the configured saturation
+    batch with no curve, else the curve from the cache (a disturbed one is measured again,
+    and only an undisturbed one is cached)."""
+    cfg = engine.config
+    if cfg.saturation_batch:
+        return cfg.saturation_batch, {}
+    what = {
+        "model": model_fingerprint(cfg.model, cfg.model_config),
+        "engine": [
+            cfg.device,
+            cfg.dtype,
+            cfg.block_size,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.mixed_steps,
+            engine.runner.attention,
+        ],
+    }
+    key = cache.key("steps", what)
+    hit = cache.get(key)
+    curve = {}
+    if hit is not None and isinstance(hit.get("curve"), dict):
+        curve = {int(b): float(t) for b, t in hit["curve"].items()}
+    if not curve or disturbed(curve):
+        with engine.plain_decoding():  # the curve is of plain decode steps
+            curve = step_cost_curve(engine)
+        if not disturbed(curve):
+            cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
+    engine.use_step_costs(curve)  # the token-speculation gate's prior
+    return saturation_from_curve(curve, cfg.max_num_seqs), curve
+
+
+def calibrate_prm(
+    prm: Any, cache: CalibrationCache, step_tokens: Callable[[RewardItem], int]
+) -> tuple[int, float]:
+    """The PRM's reward knee ``(tokens, seconds)``, from the cache when known."""
+    what = {"model": model_fingerprint(prm.folder, None), "prm": [prm.device, prm.max_len]}
+    key = cache.key("reward", what)
+    hit = cache.get(key)
+    if hit is not None and {"tokens", "seconds"} <= hit.keys():
+        return int(hit["tokens"]), float(hit["seconds"])
+    tokens, seconds, curve = reward_knee(prm, step_tokens=step_tokens)
+    cache.put(key, {"tokens": tokens, "seconds": seconds, "curve": curve})
+    return tokens, seconds

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from spec_tot.errors import ConfigError
+from spec_tot.errors import BackendError, ConfigError
 
-__all__ = ["DTYPES", "EngineConfig", "SyntheticWorkload", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "DTYPES",
+    "LAUNCHERS",
+    "CoreOptions",
+    "EngineConfig",
+    "PrmConfig",
+    "SyntheticWorkload",
+    "cache_root",
+    "check_model_folder",
+    "resolve_device",
+    "resolve_dtype",
+]
 
 # Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -154,6 +168,58 @@ class EngineConfig:
             )
 
 
+def cache_root() -> Path:
+    """The project's cache directory: ``$SPEC_TOT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/spec-tot``, else ``~/.cache/spec-tot`` (calibration, fetched models;
+    never inside the installed package)."""
+    given = os.environ.get("SPEC_TOT_CACHE_DIR")
+    if given:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
+
+
+def check_model_folder(path: str | Path, field: str, needs: Sequence[str] = ()) -> Path:
+    """``path`` as a Hugging Face folder: ``config.json``, at least one ``*.safetensors``
+    and every file of ``needs``; else a ``ConfigError`` naming ``field`` (cheap: it reads
+    only the weight files' headers, so a typo costs no model load)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise ConfigError(field, f"{folder} is not a folder")
+    for name in ("config.json", *needs):
+        if not (folder / name).is_file():
+            raise ConfigError(field, f"{folder} has no {name}")
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ConfigError(field, f"{folder} has no *.safetensors file")
+    for file in weights:
+        _check_safetensors(file, field)
+    return folder
+
+
+def _check_safetensors(file: Path, field: str) -> None:
+    """The file's header parses and its tensors fit in it: a truncated or broken download
+    fails here (a ``BackendError``: the option is right, the file is not), before any
+    process starts, not in the middle of a model load."""
+    import json
+    import struct
+
+    size = file.stat().st_size
+    try:
+        with file.open("rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise ValueError(f"header of {length} bytes in a file of {size}")
+            header = json.loads(f.read(length))
+        end = max(
+            (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+        raise BackendError("local", f"{file} is not a readable safetensors file ({exc})") from None
+    if 8 + length + end > size:
+        raise BackendError("local", f"{file} is truncated: {size} bytes, {8 + length + end} needed")
+
+
 def resolve_device(name: str) -> str:
     """``"auto"`` -> ``"cuda"`` when available, else ``"cpu"``."""
     import torch
@@ -171,3 +237,71 @@ def resolve_dtype(name: str, device: str) -> Any:
     if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
     return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+@dataclass(frozen=True)
+class PrmConfig:
+    """The process reward model: a local folder with ``prm.json`` (see ``prm.py``), on
+    ``device``/``dtype`` as ``EngineConfig`` reads them, with its own prefix-cache pool of
+    ``num_kv_blocks`` blocks of ``block_size`` tokens."""
+
+    path: str
+    device: str = "cpu"
+    dtype: str = "auto"
+    num_kv_blocks: int = 4096
+    block_size: int = 4
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise ConfigError("prm_path", "must be a non-empty path")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("num_kv_blocks", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"prm_{name}", f"must be an int >= 1, got {value!r}")
+
+
+LAUNCHERS = ("auto", "fork", "spawn")
+
+
+@dataclass(frozen=True)
+class CoreOptions:
+    """Where the engine core runs (``LocalBackend``; see ``proc.py``).
+
+    ``process``: the scheduler, model runner, block manager, sampler and PRM run in a child
+    process (the default), or, with False, in a worker thread of the caller's process (for
+    debugging and for tests that reach into the engine). ``threads``: torch's intra-op
+    threads in the child (None: every core this process may use but one, left to the
+    caller; the caller's own torch setting is never touched). ``prm_process``: the PRM
+    gets a child of its own instead of a thread beside the engine. ``launcher``:
+    ``"fork"`` forks each child from a warm fork server (torch already imported: a start
+    costs the model load only), ``"spawn"`` starts a fresh interpreter, ``"auto"`` forks on
+    Linux. ``start_timeout_s`` bounds the start
+    (model load and calibration included). ``hook``: ``"module:function"`` called with the
+    ``EngineCore`` once it is built, in the process that runs it (instrumentation, tests).
+    """
+
+    process: bool = True
+    threads: int | None = None
+    prm_process: bool = False
+    launcher: str = "auto"
+    start_timeout_s: float = 600.0
+    hook: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("process", "prm_process"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
+        threads = self.threads
+        if threads is not None and (
+            not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+        ):
+            raise ConfigError("threads", f"must be an int >= 1 or None, got {threads!r}")
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError("launcher", f"must be one of {LAUNCHERS}, got {self.launcher!r}")
+        timeout = self.start_timeout_s
+        if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+            raise ConfigError("start_timeout_s", f"must be > 0, got {timeout!r}")
+        if self.hook is not None and (not isinstance(self.hook, str) or ":" not in self.hook):
+            raise ConfigError("core_hook", f"must be 'module:function', got {self.hook!r}")

@@ -11,6 +11,7 @@ import torch
 
 from spec_tot.errors import ConfigError
 
+from .config import check_model_folder
 from .model import DecoderModel, ModelArgs, rope_inv_freq, rope_tables
 
 __all__ = [
@@ -62,12 +63,8 @@ def load_model_folder(
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise ConfigError("model", f"{folder} has no config.json")
+    folder = check_model_folder(path, "model")
     files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ConfigError("model", f"{folder} has no *.safetensors file")
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     _check_family(config, "model")
     model = _build(config, device, dtype)

@@ -32,14 +32,27 @@ def max_token_chars(tokenizer: Any) -> int:
 
 
 class RequestValidator:
-    """Checks a request against one engine: its vocabulary, length limit and batch size."""
+    """Checks a request against one engine: its vocabulary, length limit and batch size.
 
-    def __init__(self, tokenizer: Any, vocab_size: int, max_len: int, max_n: int) -> None:
+    ``LocalBackend`` runs ``check_request`` in the caller's process before a request is
+    sent (no tokenizer there: ``tokenizer`` None and ``max_chars`` as the engine reported
+    it); the engine runs ``prompt_ids`` where it tokenises."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        vocab_size: int,
+        max_len: int,
+        max_n: int,
+        max_chars: int | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_len = max_len
         self.max_n = max_n
-        self.max_chars = max_len * max_token_chars(tokenizer)
+        if max_chars is None:
+            max_chars = max_len * max_token_chars(tokenizer)
+        self.max_chars = max_chars
 
     def check_text(self, text: str, field: str = "prompt") -> None:
         if len(text) > self.max_chars:

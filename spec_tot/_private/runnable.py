@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +48,6 @@ __all__ = [
 
 CONFIGURABLE_KEY = "spec_tot"
 _EXECUTOR_FIELDS = frozenset(f.name for f in fields(ExecutorConfig) if f.init)
-_RUNTIME_KEY = "__pregel_runtime"  # where LangGraph keeps a node's stream writer
 
 
 class DepthBound(SearchPolicy):
@@ -139,6 +139,9 @@ class EventPump:
         self._queue: asyncio.Queue[ToTEvent | None] = asyncio.Queue()
         self._runs: dict[str, tuple[AsyncCallbackManagerForChainRun, RunnableConfig]] = {}
         self._task: asyncio.Task[None] | None = None
+        # LangGraph's stream writer of the node running the app, if it runs as one (taken
+        # where the app is called: the node's context holds it).
+        self._writer = _langgraph_stream_writer()
 
     def bind(
         self, query_id: str, run: AsyncCallbackManagerForChainRun, config: RunnableConfig
@@ -164,11 +167,21 @@ class EventPump:
             _run, config = bound
             payload = event_payload(event)
             await adispatch_custom_event(event.kind, payload, config=config)
-            writer = getattr(
-                (config.get("configurable") or {}).get(_RUNTIME_KEY), "stream_writer", None
-            )
-            if callable(writer):
-                writer({"event": event.kind, **payload})
+            if self._writer is not None:
+                self._writer({"event": event.kind, **payload})
+
+
+def _langgraph_stream_writer() -> Callable[[Any], None] | None:
+    """LangGraph's public ``get_stream_writer()`` inside a LangGraph node, else None. A run
+    of LangGraph has imported it: an app used without LangGraph never imports it here."""
+    config_module = sys.modules.get("langgraph.config")
+    if config_module is None:
+        return None
+    try:
+        writer: Callable[[Any], None] = config_module.get_stream_writer()
+    except (RuntimeError, KeyError):  # not inside a LangGraph run (or no runnable at all)
+        return None
+    return writer
 
 
 async def arun_configured(

@@ -10,7 +10,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["iterate_in_thread", "run_in_thread_if_needed"]
+__all__ = ["LoopThread", "iterate_in_thread", "run_in_thread_if_needed"]
 
 T = TypeVar("T")
 _DONE = object()
@@ -65,3 +65,34 @@ def iterate_in_thread(
     finally:
         stop.set()
         end()
+
+
+class LoopThread:
+    """An event loop of its own on a daemon thread: the home of a sync run's speculation
+    (its predictions and speculative tasks), which the run's worker threads talk to."""
+
+    def __init__(self, name: str = "spec-tot-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def close(self) -> None:
+        """Stop the loop (after what it was asked to do) and wait for the thread."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()

@@ -1,24 +1,26 @@
-"""Unmodified LangGraph ``StateGraph``s, run speculatively by spec-tot.
+"""LangGraph graphs run by LangGraph's own loop, with spec-tot's speculation beside it.
 
-``from_langgraph(builder)`` keeps LangGraph's semantics (the graph's own node functions,
-reducers, ``Send``, conditional edges, ``Command``, ``RunnableConfig`` and ``context``);
-node metadata (``spec_tot.langgraph.roles``) marks what may run ahead of the superstep
-barrier, and ``spec_tot.langgraph.speculation`` describes how it does.
+``from_langgraph(graph)`` returns a copy of the compiled graph (still a LangGraph graph:
+every LangGraph feature works as LangGraph runs it); node metadata
+(``spec_tot.langgraph.roles``) marks what may run ahead of the superstep barrier, and
+``spec_tot.langgraph.speculation`` describes how it does.
 """
 
-from spec_tot.langgraph.app import SpeculativeGraph, from_langgraph
+from spec_tot.langgraph._pregel import SUPPORTED_VERSIONS
+from spec_tot.langgraph.app import arun, from_langgraph, run, speculation_of
 from spec_tot.langgraph.results import LangGraphMetrics, LangGraphResult, TaskRecord
 from spec_tot.langgraph.roles import KINDS, METADATA_KEY, NodeRole
-from spec_tot.langgraph.speculation import SPECULATIVE_TAG
 
 __all__ = [
     "KINDS",
     "METADATA_KEY",
-    "SPECULATIVE_TAG",
+    "SUPPORTED_VERSIONS",
     "LangGraphMetrics",
     "LangGraphResult",
     "NodeRole",
-    "SpeculativeGraph",
     "TaskRecord",
+    "arun",
     "from_langgraph",
+    "run",
+    "speculation_of",
 ]

@@ -87,6 +87,25 @@ def _role(name: str, metadata: Mapping[str, Any] | None) -> NodeRole:
     return NodeRole(name, kind, pure, reads, top_k)
 
 
-def roles_of(builder: Any) -> dict[str, NodeRole]:
-    """The role of every node of a ``StateGraph`` builder (errors name the node)."""
-    return {name: _role(name, spec.metadata) for name, spec in builder.nodes.items()}
+def roles_of(
+    nodes: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, NodeRole]:
+    """The role of every node of a compiled graph, from its metadata or from
+    ``overrides`` (the same keys, by node name; errors name the node)."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(nodes))
+    if unknown:
+        raise GraphValidationError(unknown[0], f"no such node; the graph has {sorted(nodes)}")
+    roles: dict[str, NodeRole] = {}
+    for name, node in nodes.items():
+        if name in overrides:
+            roles[name] = _role(name, {METADATA_KEY: overrides[name]})
+        else:
+            roles[name] = _role(name, getattr(node, "metadata", None))
+        if roles[name].pure and getattr(node, "subgraphs", None):
+            raise GraphValidationError(
+                name,
+                "runs a subgraph (it has its own checkpoints and streams): it runs on the "
+                "real path only; drop its spec_tot metadata or mark it kind 'tool'",
+            )
+    return roles

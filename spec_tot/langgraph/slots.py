@@ -25,7 +25,10 @@ none to give.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,9 +68,20 @@ class SpeculationSlots:
             return self.limit
         return None if self.hubs else DEFAULT_OWN_SLOTS
 
-    @property
-    def idle(self) -> bool:
-        return self.lag_s <= self.max_lag_s
+    # Busy Python: above this share of one core, the process's Python runs at the GIL's
+    # pace, and a speculative task's Python (LangChain's own, per model call) only slows
+    # the committed path down.
+    max_cpu_share: float = 0.85
+    _cpu: _CpuMeter = field(default_factory=lambda: _CpuMeter())
+
+    def idle(self, shares_loop: bool = True) -> bool:
+        """Whether speculation may start a task now: the process's Python has room, and
+        (``shares_loop``: the run's real tasks share the speculator's event loop, as an
+        async run's do) that loop keeps time (its scheduled prediction passes start on
+        time). A sync run speculates on a loop of its own, whose lag slows no real task."""
+        if self._cpu.share() > self.max_cpu_share:
+            return False
+        return not shares_loop or self.lag_s <= self.max_lag_s
 
     def observe_lag(self, seconds: float) -> None:
         self.lag_s = 0.8 * self.lag_s + 0.2 * max(0.0, seconds)
@@ -92,8 +106,32 @@ class SpeculationSlots:
             self.hubs.append(hub)
         return hub
 
-    def for_run(self, key: str) -> RunSlots:
-        return RunSlots(self, key)
+    def for_run(self, key: str, shares_loop: bool = True) -> RunSlots:
+        return RunSlots(self, key, shares_loop)
+
+
+class _CpuMeter:
+    """The process's CPU time per wall second (all threads), over the last ~0.2 s,
+    sampled at most every 20 ms."""
+
+    def __init__(self, window_s: float = 0.2) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        now = time.perf_counter(), time.process_time()
+        self._samples: collections.deque[tuple[float, float]] = collections.deque([now])
+        self._share = 0.0
+
+    def share(self) -> float:
+        with self._lock:
+            wall, cpu = time.perf_counter(), time.process_time()
+            if wall - self._samples[-1][0] >= 0.02:
+                self._samples.append((wall, cpu))
+                while len(self._samples) > 2 and wall - self._samples[1][0] >= self.window_s:
+                    self._samples.popleft()
+                w0, c0 = self._samples[0]
+                if wall > w0:
+                    self._share = (cpu - c0) / (wall - w0)
+            return self._share
 
 
 @dataclass(eq=False)
@@ -134,8 +172,17 @@ class RunSlots:
 
     app: SpeculationSlots
     key: str
+    shares_loop: bool = True  # the run's real tasks run on the speculator's loop
     joined: list[BackendHub] = field(default_factory=list)
     closed: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return self.app.idle(self.shares_loop)
+
+    def observe_lag(self, seconds: float) -> None:
+        if self.shares_loop:  # only a loop real tasks share says anything of their delay
+            self.app.observe_lag(seconds)
 
     def acquire(self, utility: float, reserve: bool) -> Lease | None:
         """A slot for one new speculative task, or None (no room, or the loop lags).
@@ -143,7 +190,7 @@ class RunSlots:
         budget now, so that the launches of one pass see each other."""
         app = self.app
         cap = app.cap
-        if self.closed or not app.idle or (cap is not None and app.used >= cap):
+        if self.closed or not self.idle or (cap is not None and app.used >= cap):
             return None
         hubs = list(app.hubs) if reserve else []
         for hub in hubs:

@@ -31,7 +31,8 @@ from spec_tot.errors import ConfigError
 from spec_tot.requests import RewardItem
 
 from ..backend import LocalBackend
-from ..prm import PrmScorer, build_prm_text
+from ..messages import RewardInfo
+from ..prm import build_prm_text
 from .fields import Inert, check_known, opt_bool, opt_int, opt_str, token_ids
 from .schema import MAX_SAMPLES, is_nested, request_ids
 
@@ -65,7 +66,7 @@ class ClassifyBatch:
     single: bool
 
 
-def parse_classify(body: Any, prm: PrmScorer | None) -> ClassifyBatch:
+def parse_classify(body: Any, prm: RewardInfo | None) -> ClassifyBatch:
     """Validate a ``/classify`` body; a bad field raises ``ConfigError`` naming it."""
     if not isinstance(body, dict):
         raise ConfigError("body", "expected a JSON object")
@@ -96,7 +97,7 @@ def parse_classify(body: Any, prm: PrmScorer | None) -> ClassifyBatch:
     return ClassifyBatch(prompts, tuple(rids), fields, single)
 
 
-def _text(text: Any, field: str, prm: PrmScorer) -> str:
+def _text(text: Any, field: str, prm: RewardInfo) -> str:
     if not isinstance(text, str):
         raise ConfigError(field, "expected a string (text pairs for cross-encoders: not served)")
     if not text:
@@ -113,8 +114,8 @@ def _text(text: Any, field: str, prm: PrmScorer) -> str:
     return text if text.endswith(tag) else text + tag
 
 
-def _ids(row: Any, field: str, prm: PrmScorer) -> tuple[int, ...]:
-    ids = token_ids(row, field, int(prm.loaded.args.vocab_size))
+def _ids(row: Any, field: str, prm: RewardInfo) -> tuple[int, ...]:
+    ids = token_ids(row, field, prm.vocab_size)
     tag = tuple(prm.tag_ids)
     tagged = ids if ids[-len(tag) :] == tag else ids + tag
     if len(tagged) > prm.max_len:
@@ -137,8 +138,8 @@ def _dummy_sampling(params: Any, count: int) -> None:
 async def score_batch(backend: LocalBackend, batch: ClassifyBatch) -> list[dict[str, Any]]:
     """The rows of the reply, in order. A prompt the PRM still refuses (more tokens than it
     reads, known only once tokenised) is a ``ConfigError`` naming the client's field."""
-    prm = backend.prm
-    assert prm is not None  # parse_classify refused a server without one
+    tokenizer = backend.reward_tokenizer
+    assert tokenizer is not None  # parse_classify refused a server without a PRM
     try:
         rewards = await backend.classify(list(batch.prompts))
     except ConfigError as exc:  # PrmScorer names text[i] / input_ids[i] of its own list
@@ -150,7 +151,7 @@ async def score_batch(backend: LocalBackend, batch: ClassifyBatch) -> list[dict[
         raise ConfigError(batch.fields[int(index)] + tail, message) from None
     rows = []
     for rid, prompt, reward in zip(batch.rids, batch.prompts, rewards, strict=True):
-        tokens = len(prm.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else len(prompt)
+        tokens = len(tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else len(prompt)
         meta = {
             "id": rid,
             "finish_reason": {"type": "length", "length": 0},

@@ -56,20 +56,20 @@ class ServeContext:
         self.model_path = model_path
         self.model_name = model_name
         self.version = "spec-tot-serve (SGLang 0.5.23 native API)"
-        engine = backend.engine
-        if engine is None:
+        policy = backend.policy
+        if policy is None:
             self.limits = Limits(vocab_size=0, max_len=0, max_prompt_chars=0)
         else:
             self.limits = Limits(
-                vocab_size=int(engine.loaded.args.vocab_size),
-                max_len=int(engine.max_len),
+                vocab_size=policy.vocab_size,
+                max_len=policy.max_len,
                 # the engine's own bound: its longest token's characters per position
-                max_prompt_chars=int(engine.validator.max_chars),
+                max_prompt_chars=policy.max_prompt_chars,
             )
 
     def decode_token(self, token_id: int) -> str:
-        engine = self.backend.engine
-        return str(engine.tokenizer.decode([token_id])) if engine is not None else ""
+        tokenizer = self.backend.tokenizer
+        return str(tokenizer.decode([token_id])) if tokenizer is not None else ""
 
     # -- running ---------------------------------------------------------------------------
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
@@ -120,7 +120,7 @@ class ServeContext:
             "model_path": self.model_path,
             "served_model_name": self.model_name,
             "tokenizer_path": self.model_path,
-            "is_generation": self.backend.engine is not None,
+            "is_generation": self.backend.policy is not None,
             "preferred_sampling_params": None,
             "weight_version": "default",
             "has_image_understanding": False,
@@ -143,7 +143,7 @@ class ServeContext:
             "enable_priority_scheduling": True,
             "schedule_low_priority_values_first": True,
             "stream_output": False,
-            "is_embedding": self.backend.engine is None,
+            "is_embedding": self.backend.policy is None,
             "engine_dedup": caps.engine_dedup,
             "saturation_batch": caps.saturation_batch,
             "internal_states": [load],

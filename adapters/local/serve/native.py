@@ -106,7 +106,7 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     async def classify(request: Request) -> Response:
-        batch = parse_classify(await read_json(request), backend.prm)
+        batch = parse_classify(await read_json(request), backend.reward)
         rows = await ctx.until_disconnect(request, score_batch(backend, batch))
         return JSONResponse(rows[0] if batch.single else rows)
 

@@ -117,8 +117,7 @@ def render_chat(ctx: ServeContext, messages: Any) -> str:
         if not isinstance(content, str):
             raise ConfigError(f"messages[{i}].content", "expected a string or text parts")
         plain.append({"role": msg["role"], "content": content})
-    engine = ctx.backend.engine
-    tokenizer = engine.tokenizer if engine is not None else None
+    tokenizer = ctx.backend.tokenizer
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
         return str(text)

@@ -1,0 +1,296 @@
+"""EngineCore: the engine side of ``LocalBackend``'s boundary.
+
+It owns the ``LLMEngine`` (scheduler, model runner, block manager, sampler) and the
+``PrmScorer``, takes typed commands (``messages.py``), steps the engine and emits typed
+outputs through one callable. The same class runs in a child process (``core_process.py``,
+the default) or on a worker thread of the caller's process (``proc.ThreadLink``): only the
+transport differs. The engine is not thread-safe, so one loop (``run``) owns it; PRM
+scoring runs on one thread of its own beside it, so neither kind of work waits for the
+other.
+
+A request that fails inside a step fails alone (``LLMEngine.take_failures``); only a step
+that fails as a whole, with no row to blame, fails every request in flight; an exception
+while handling a command answers that command. Outputs are batched per step: one
+``StepBatch`` carries every result, stream update and failure of the step with the counters
+after it, and steps that produced none send only a counters heartbeat (at most one per
+``STATS_INTERVAL_S``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from spec_tot._private.plugins import load_target
+from spec_tot.errors import BackendError, ConfigError
+
+from .calibrate import CalibrationCache, calibrate_engine, calibrate_prm
+from .messages import (
+    PROTOCOL,
+    Abort,
+    Add,
+    Cancel,
+    Classify,
+    Done,
+    ErrorInfo,
+    Failed,
+    Flush,
+    FlushPrefixCache,
+    Inspect,
+    Ping,
+    PolicyInfo,
+    Pong,
+    PoolReport,
+    Ready,
+    RewardInfo,
+    Rewards,
+    Score,
+    Scores,
+    Start,
+    StepBatch,
+    Stop,
+)
+
+__all__ = ["STATS_INTERVAL_S", "EngineCore", "Inbox"]
+
+STATS_INTERVAL_S = 0.01
+Emit = Callable[[Any], None]
+
+
+class Inbox(ABC):
+    """Where a core's commands come from."""
+
+    @abstractmethod
+    def take(self, block: bool) -> list[Any] | None:
+        """The commands waiting (``block``: wait for at least one); None once the other
+        side is gone."""
+
+
+class EngineCore:
+    def __init__(self, start: Start, emit: Emit) -> None:
+        import torch
+
+        from .engine import LLMEngine
+        from .prm import PrmScorer
+
+        if start.protocol != PROTOCOL:
+            raise ConfigError("protocol", f"core speaks {PROTOCOL}, the backend {start.protocol}")
+        if start.threads is not None:
+            torch.set_num_threads(start.threads)
+        self.threads = torch.get_num_threads()
+        self._emit = emit
+        self.engine = LLMEngine(start.engine) if start.engine is not None else None
+        self.prm = None
+        self.reward_info: RewardInfo | None = None
+        if start.prm is not None:
+            from .config import resolve_device, resolve_dtype
+
+            device = resolve_device(start.prm.device)
+            dtype = resolve_dtype(start.prm.dtype, device)
+            cfg = start.prm
+            self.prm = PrmScorer(cfg.path, device, dtype, cfg.num_kv_blocks, cfg.block_size)
+            self.reward_info = _reward_info(self.prm)
+        cache = CalibrationCache(start.cache_dir)
+        self.saturation, self.step_curve = (0, {})
+        if self.engine is not None:
+            self.saturation, self.step_curve = calibrate_engine(self.engine, cache)
+        self.reward_knee = None
+        if self.prm is not None and self.reward_info is not None:
+            self.reward_knee = calibrate_prm(self.prm, cache, self.reward_info.item_tokens)
+        self._tickets: dict[str, int] = {}
+        self._prm_pool = ThreadPoolExecutor(1, thread_name_prefix="spec-tot-prm")
+        self._last_stats = 0.0
+        if start.hook:
+            load_target(start.hook)(self)
+
+    # -- what the backend learns at start ---------------------------------------------------
+    def ready(self) -> Ready:
+        policy = None
+        if self.engine is not None:
+            cfg = self.engine.config
+            policy = PolicyInfo(
+                model=cfg.model,
+                vocab_size=int(self.engine.loaded.args.vocab_size),
+                max_len=int(self.engine.max_len),
+                max_prompt_chars=int(self.engine.validator.max_chars),
+                max_num_seqs=cfg.max_num_seqs,
+                num_kv_blocks=cfg.num_kv_blocks,
+                block_size=cfg.block_size,
+                eos_token_ids=tuple(sorted(self.engine.eos_ids)),
+            )
+        return Ready(
+            protocol=PROTOCOL,
+            pid=os.getpid(),
+            threads=self.threads,
+            policy=policy,
+            reward=self.reward_info,
+            saturation_batch=self.saturation,
+            step_curve=self.step_curve,
+            reward_knee=self.reward_knee,
+            stats=self._stats(),
+        )
+
+    # -- the loop ---------------------------------------------------------------------------
+    def run(self, inbox: Inbox) -> None:
+        """Handle commands and step until ``Stop`` or until the inbox closes; then every
+        request still in flight fails with "backend closed"."""
+        running = True
+        while running:
+            commands = inbox.take(block=not self.has_work())
+            if commands is None:
+                break
+            for command in commands:
+                running = self.handle(command) and running
+            if running and self.has_work():
+                self.step()
+        self.close(BackendError("local", "backend closed"))
+
+    def has_work(self) -> bool:
+        return self.engine is not None and self.engine.has_unfinished()
+
+    def handle(self, command: Any) -> bool:
+        """Carry out one command; False for ``Stop``."""
+        if isinstance(command, Stop):
+            return False
+        try:
+            self._handle(command)
+        except Exception as exc:  # keep the loop alive; the caller gets the error
+            if isinstance(command, Add):  # a ConfigError naming the field, to this caller only
+                self._emit(StepBatch([], [], [(command.ticket, ErrorInfo.of(exc))], {}))
+            elif hasattr(command, "call"):
+                self._emit(Failed(command.call, ErrorInfo.of(exc)))
+        return True
+
+    def _handle(self, command: Any) -> None:
+        engine = self.engine
+        if isinstance(command, Score | Classify):
+            self._score(command)
+            return
+        if isinstance(command, Ping):
+            self._emit(Pong(command.call, os.getpid()))
+            return
+        if isinstance(command, Inspect):
+            self._emit(Pong(command.call, os.getpid(), self.pool_report()))
+            return
+        if engine is None:
+            raise BackendError("local", "no policy engine (built with a PRM only)")
+        if isinstance(command, Add):
+            engine.add_request(command.request, stream=command.stream)
+            self._tickets[command.request.request_id] = command.ticket
+        elif isinstance(command, Cancel):
+            engine.abort_request(command.request_id)
+            self._tickets.pop(command.request_id, None)
+        elif isinstance(command, Abort):
+            results = engine.abort(command.prefix)
+            tickets = self._tickets
+            batch = [(tickets.pop(r.request_id), r) for r in results if r.request_id in tickets]
+            self._emit(StepBatch(batch, [], [], self._stats()))
+            self._emit(Done(command.call, len(results)))
+        elif isinstance(command, Flush):
+            self._emit(Done(command.call, None, self._stats()))
+        elif isinstance(command, FlushPrefixCache):
+            idle = not engine.has_unfinished()
+            self._emit(Done(command.call, idle and engine.block_manager.reset_prefix_cache()))
+        else:
+            raise BackendError("local", f"unknown command {type(command).__name__}")
+
+    def step(self) -> None:
+        """One engine step, and its outputs as one batch."""
+        engine = self.engine
+        assert engine is not None  # internal: has_work() said so
+        failures: list[tuple[int, ErrorInfo]] = []
+        try:
+            results = engine.step()
+        except Exception as exc:  # no row to blame: fail every request in flight
+            error = ErrorInfo.of(BackendError("local", f"engine step failed: {exc!r}"))
+            failures = [(t, error) for t in self._tickets.values()]
+            self._tickets.clear()
+            engine.abort_all()
+            results = []
+        tickets = self._tickets
+        updates = [
+            (tickets[u.request_id], u)
+            for u in engine.take_stream_updates()
+            if u.request_id in tickets
+        ]
+        for rid, error in engine.take_failures():
+            if rid in tickets:
+                info = ErrorInfo.of(BackendError("local", f"request {rid!r}: {error!r}"))
+                failures.append((tickets.pop(rid), info))
+        done = [(tickets.pop(r.request_id), r) for r in results if r.request_id in tickets]
+        now = time.monotonic()
+        if done or updates or failures or now - self._last_stats >= STATS_INTERVAL_S:
+            self._last_stats = now
+            self._emit(StepBatch(done, updates, failures, self._stats()))
+
+    def close(self, error: BaseException) -> None:
+        """Fail everything in flight with ``error`` and free the engine's blocks."""
+        if self.engine is not None:
+            self.engine.abort_all()
+            self.engine.take_stream_updates()
+        info = ErrorInfo.of(error)
+        if self._tickets:
+            self._emit(StepBatch([], [], [(t, info) for t in self._tickets.values()], {}))
+        self._tickets.clear()
+        self._prm_pool.shutdown(wait=True)
+
+    # -- reward scoring (its own thread) ----------------------------------------------------
+    def _score(self, command: Score | Classify) -> None:
+        prm = self.prm
+        if prm is None:
+            raise BackendError("local", "no PRM loaded (pass prm_path)")
+        if isinstance(command, Score):
+            future = self._prm_pool.submit(prm.score, command.items)
+        else:
+            future = self._prm_pool.submit(prm.classify, command.texts)
+        future.add_done_callback(lambda f: self._scored(command, f))
+
+    def _scored(self, command: Score | Classify, future: Future[Any]) -> None:
+        error = future.exception()
+        if error is not None:
+            self._emit(Failed(command.call, ErrorInfo.of(error)))
+        elif isinstance(command, Score):
+            self._emit(Scores(command.call, future.result()))
+        else:
+            self._emit(Rewards(command.call, future.result()))
+
+    # -- counters and accounting ------------------------------------------------------------
+    def _stats(self) -> dict[str, float]:
+        return self.engine.stats() if self.engine is not None else {}
+
+    def pool_report(self) -> PoolReport:
+        """Where every KV block is (tests and debugging: nothing may be left behind)."""
+        engine = self.engine
+        prm_free = prm_total = -1
+        if self.prm is not None:
+            prm_free = self.prm.block_manager.num_free_blocks
+            prm_total = self.prm.block_manager.num_total_blocks
+        if engine is None:
+            return PoolReport(0, 0, 0, 0, 0, 0, prm_free, prm_total)
+        bm = engine.block_manager
+        return PoolReport(
+            free_blocks=bm.num_free_blocks,
+            total_blocks=bm.num_total_blocks,
+            referenced_blocks=sum(1 for b in bm.blocks if b.ref_count),
+            running=len(engine.scheduler.running),
+            waiting=engine.scheduler.num_waiting,
+            requests=len(engine.requests),
+            prm_free_blocks=prm_free,
+            prm_total_blocks=prm_total,
+        )
+
+
+def _reward_info(prm: Any) -> RewardInfo:
+    return RewardInfo(
+        folder=str(prm.folder),
+        step_tag=prm.step_tag,
+        tag_ids=tuple(prm.tag_ids),
+        vocab_size=int(prm.loaded.args.vocab_size),
+        max_len=int(prm.max_len),
+        max_chars=int(prm.max_chars),
+        tokens_per_char=float(prm.tokens_per_char),
+    )

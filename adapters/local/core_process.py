@@ -1,0 +1,221 @@
+"""The engine core's own process: ``python -m spec_tot.adapters.local.core_process``.
+
+- ``--core FD``: one ``EngineCore`` serving the socket ``FD`` (a ``"spawn"`` start).
+- ``--fork-server FD``: a fork server on the ``SOCK_SEQPACKET`` socket ``FD``: it imports
+  torch, transformers and the engine once, then forks one core per ``ForkRequest`` (the
+  core's socket comes with the request), reports each fork's pid and, when it ends, its
+  exit code. It runs no torch op and starts no thread, so a fork is safe and costs a few
+  milliseconds instead of an interpreter start and the imports (seconds).
+
+A core exits on ``Stop``, when its socket closes, and when the backend's process dies: a
+watchdog thread waits for the socket's hang-up (``POLLRDHUP``; the parent's pid changing
+where that flag does not exist), so it goes even while a step, a model load or a
+calibration is running. It ignores SIGINT (Ctrl-C reaches the whole process group: the
+backend decides, and closes it), and SIGTERM stops it cleanly. The fork server exits when
+its socket closes and stops the cores it forked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .messages import (
+    CommandCodec,
+    ErrorInfo,
+    Exited,
+    Fatal,
+    Forked,
+    ForkRequest,
+    OutputCodec,
+    Start,
+    StartFailed,
+)
+
+__all__ = ["fork_server", "serve_core"]
+
+_WATCH_S = 0.25
+_MAX_REQUEST = 1 << 20
+
+
+class _ConnInbox:
+    """Commands from the backend's socket (``core.Inbox``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.codec = CommandCodec()
+
+    def take(self, block: bool) -> list[Any] | None:
+        out: list[Any] = []
+        try:
+            if block:
+                self.conn.poll(None)
+            while self.conn.poll(0):
+                out.extend(self.codec.decode(self.conn.recv_bytes()))
+        except (EOFError, OSError):
+            return None
+        return out
+
+
+def _watch_parent(fd: int) -> None:
+    """Exit at once when the backend's end of the socket goes away."""
+    rdhup = getattr(select, "POLLRDHUP", 0)
+    if rdhup:
+        poller = select.poll()
+        poller.register(fd, rdhup | select.POLLHUP)
+        while True:
+            if poller.poll(None):
+                os._exit(0)
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(_WATCH_S)
+    os._exit(0)
+
+
+def serve_core(conn: Connection) -> None:
+    """Run one core on ``conn`` until it is stopped or its backend goes away."""
+    from .core import EngineCore
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    threading.Thread(target=_watch_parent, args=(conn.fileno(),), daemon=True).start()
+    out = OutputCodec()
+    lock = threading.Lock()
+
+    def emit(message: Any) -> None:
+        frame = out.encode(message)
+        try:
+            with lock:
+                conn.send_bytes(frame)
+        except OSError:  # the backend is gone; the watchdog ends this process
+            pass
+
+    inbox = _ConnInbox(conn)
+    first = inbox.take(block=True)
+    if not first or not isinstance(first[0], Start):
+        return
+    try:
+        core = EngineCore(first[0], emit)
+    except Exception as exc:
+        emit(StartFailed(ErrorInfo.of(exc)))
+        return
+    emit(core.ready())
+    try:
+        core.run(inbox)
+    except Exception as exc:
+        emit(Fatal(ErrorInfo.of(exc)))
+        raise
+
+
+def _preload() -> None:
+    """Everything a core imports, so that a fork imports nothing."""
+    import safetensors.torch  # noqa: F401
+    import transformers
+    from transformers import modeling_rope_utils  # noqa: F401
+
+    from . import core, engine, prm  # noqa: F401
+
+    for name in ("AutoConfig", "AutoTokenizer", "LlamaConfig", "Qwen2Config"):
+        getattr(transformers, name)
+    transformers.PreTrainedTokenizerFast  # noqa: B018
+
+
+def fork_server(sock: socket.socket) -> None:
+    import msgspec
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _preload()
+    encode = msgspec.msgpack.Encoder().encode
+    decode = msgspec.msgpack.Decoder(ForkRequest).decode
+    children: set[int] = set()
+    while True:
+        readable, _, _ = select.select([sock], [], [], _WATCH_S)
+        for pid, code in _reap(children):
+            _send(sock, encode(Exited(pid, code)))
+        if not readable:
+            continue
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, _MAX_REQUEST, 1)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # the backend's process is gone: so are its cores
+            for pid in children:
+                _kill(pid)
+            return
+        request = decode(data)
+        pid = os.fork()
+        if pid == 0:  # the core
+            sock.close()
+            _become(request)
+            code = 0
+            try:
+                serve_core(Connection(fds[0]))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 0
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        for fd in fds:
+            os.close(fd)
+        children.add(pid)
+        _send(sock, encode(Forked(pid)))
+
+
+def _reap(children: set[int]) -> list[tuple[int, int]]:
+    """``(pid, exit code)`` of the cores that ended since the last call."""
+    done = []
+    for pid in list(children):
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            got, status = pid, 0
+        if got:
+            children.discard(pid)
+            done.append((pid, os.waitstatus_to_exitcode(status)))
+    return done
+
+
+def _send(sock: socket.socket, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # the backend is gone: the loop sees it next
+        sock.send(data)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+
+
+def _become(request: ForkRequest) -> None:
+    """Take on the backend's view of the world (not the fork server's, set when it
+    started)."""
+    os.environ.clear()
+    os.environ.update(request.env)
+    with contextlib.suppress(OSError):  # a folder gone meanwhile: the fork server's stays
+        os.chdir(request.cwd)
+    sys.path[:] = request.sys_path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--core", type=int, metavar="FD")
+    group.add_argument("--fork-server", type=int, metavar="FD")
+    args = parser.parse_args(argv)
+    if args.core is not None:
+        serve_core(Connection(args.core))
+    else:
+        fork_server(socket.socket(fileno=args.fork_server))
+
+
+if __name__ == "__main__":
+    main()
