@@ -3,7 +3,7 @@
 Every comparison runs its variants in rounds (``--rounds`` + 1, the first a warm-up that is
 dropped), the variants' order shuffled in each round, the prefix cache flushed before each
 run; it reports each variant's median and the median of the per-round ratios with a
-bootstrap 95% interval (over rounds). ``/work/bin/cpu-lock bench`` around every call.
+bootstrap 90% interval (over rounds). ``/work/bin/cpu-lock bench`` around every call.
 
 - ``record``: the main job (``spec-tot run``: REBASE width 8, 100 puzzles, ``full``, 32
   concurrent, shipped models, token speculation off) with every generation request written
@@ -40,10 +40,14 @@ import torch
 __all__ = ["main"]
 
 
-def _bootstrap(ratios: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+def _bootstrap(
+    ratios: list[float], level: float = 0.90, reps: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """The median's bootstrap interval over rounds (``level``: two-sided coverage)."""
     rng = random.Random(seed)
     meds = sorted(statistics.median(rng.choice(ratios) for _ in ratios) for _ in range(reps))
-    return meds[int(0.025 * reps)], meds[int(0.975 * reps) - 1]
+    tail = (1.0 - level) / 2.0
+    return meds[int(tail * reps)], meds[int((1.0 - tail) * reps) - 1]
 
 
 def _compare(rounds: list[dict[str, float]], num: str, den: str) -> dict[str, Any]:
@@ -53,7 +57,7 @@ def _compare(rounds: list[dict[str, float]], num: str, den: str) -> dict[str, An
         "numerator": num,
         "denominator": den,
         "median": statistics.median(ratios) if ratios else 0.0,
-        "ci95": [lo, hi],
+        "ci90": [lo, hi],
         "ratios": ratios,
     }
 
@@ -372,7 +376,7 @@ def _summary(result: dict[str, Any]) -> str:
     for comp in result.get("comparisons", []) or [
         {"numerator": k, **v} for k, v in result.get("speedup", {}).items()
     ]:
-        lo, hi = comp["ci95"]
+        lo, hi = comp["ci90"]
         den = comp.get("denominator", "off")
         parts.append(f"{comp['numerator']}/{den} {comp['median']:.2f}x [{lo:.2f}, {hi:.2f}]")
     where = (
