@@ -169,17 +169,17 @@ def _engines(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.model is not None:
         common: dict[str, Any] = {"model": str(args.model)}
-        variants = {"off": {"token_speculation": False}, "on": {}}
+        variants = {"off": {"token_speculation": False}, "on": {"ngram_max": 4}}
     else:
         program = PROGRAM.backend_options("local")
         common = {"model": program["policy_path"]}
         variants = {
             "off": {"token_speculation": False},
-            "on": {"drafter": program["drafter"]},
+            "on": {"drafter": program["drafter"], "ngram_max": program["ngram_max"]},
         }
         if args.per_drafter:
             variants["game24_only"] = {"drafter": program["drafter"], "ngram_max": 0}
-            variants["ngram_only"] = {}
+            variants["ngram_only"] = {"ngram_max": 4}
     seqs = max(8, args.batch) if args.model is not None else max(64, args.batch)
     common.update(max_num_seqs=seqs, num_kv_blocks=args.kv_blocks)
     engines = {}

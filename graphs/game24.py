@@ -185,6 +185,7 @@ def _backend_options(backend: str) -> dict[str, Any]:
             "policy_path": str(task.asset_dir("policy")),
             "prm_path": str(task.asset_dir("prm")),
             "drafter": "spec_tot.graphs.game24:game24_drafter",
+            "ngram_max": 4,  # with the program's drafter, as measured (token_spec_engine_b*)
         }
     return {}
 

@@ -174,8 +174,21 @@ def test_config_errors_name_the_field(options: dict[str, Any], field: str) -> No
     assert err.value.field == field
 
 
+def test_the_cli_switch_reaches_the_engine_option() -> None:
+    """``spec-tot run --backend-opt token_speculation=false`` is the CLI's off switch."""
+    from spec_tot._cli_checks import parse_backend_options
+
+    assert parse_backend_options(["token_speculation=false"], "local") == {
+        "token_speculation": False
+    }
+    with pytest.raises(ConfigError, match="token_speculation"):
+        parse_backend_options(["token_speculation=maybe"], "local")
+
+
 def test_program_drafter_loads_by_name(make_engine: Any) -> None:
     engine = make_engine(drafter="spec_drafters:wrong_drafter")
+    assert [d.name for d in engine.speculator.drafters] == ["wrong"]  # prompt lookup opt-in
+    engine = make_engine(drafter="spec_drafters:wrong_drafter", ngram_max=4)
     assert [d.name for d in engine.speculator.drafters] == ["wrong", "ngram"]
     with pytest.raises(ConfigError, match="drafter"):
         make_engine(drafter="spec_drafters:no_such_factory")

@@ -76,7 +76,9 @@ class EngineConfig:
     switch; drafts of up to ``max_draft_tokens`` tokens come from the program's ``drafter``
     (a ``"module:attr"`` factory of a ``drafter.Drafter``, given the tokenizer), a
     ``draft_model`` folder (the draft-model seam), and prompt lookup over the sequence and
-    its tree (n-grams of ``ngram_min`` .. ``ngram_max`` tokens; ``ngram_max=0`` turns it off).
+    its tree (n-grams of ``ngram_min`` .. ``ngram_max`` tokens; ``ngram_max=0``, the default,
+    turns it off: alone it measured slower than plain decoding at batch 8 and 32 on the main
+    job's traces and on SmolLM2-135M, ``benchmarks/results/token_spec_*.json``).
     """
 
     model: str | None = None
@@ -100,7 +102,7 @@ class EngineConfig:
     max_draft_tokens: int = 16
     drafter: str | None = None
     draft_model: str | None = None
-    ngram_max: int = 4
+    ngram_max: int = 0
     ngram_min: int = 2
 
     def __post_init__(self) -> None:
