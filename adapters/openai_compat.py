@@ -11,6 +11,13 @@
   Each input answers one ``[P(negative), P(positive)]`` row per step tag; the step score is
   P(positive). ``reward="generative"``: one greedy token with ``logprobs`` and the score is
   P(good token) (normalised against the bad token when one is given).
+- Speculative decoding: the completions protocol returns no figure about it (neither
+  OpenAI's nor vLLM's or SGLang's replies carry one). vLLM publishes it on its Prometheus
+  ``GET /metrics``: the counters ``vllm:spec_decode_num_drafts_total``,
+  ``vllm:spec_decode_num_draft_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_total``
+  (older vLLM: the same names without ``_total``). ``server_speculation()`` reads and sums
+  them over the workers: server-wide and cumulative since each server started (every
+  client's requests), so a caller compares two readings.
 """
 
 from __future__ import annotations
@@ -43,7 +50,39 @@ from ._common import (
 )
 from ._http import EndpointPool, HttpConfig, query_key
 
-__all__ = ["QWEN_PRM_TEMPLATE", "OpenAICompatBackend", "OpenAIConfig", "create_openai"]
+__all__ = [
+    "QWEN_PRM_TEMPLATE",
+    "OpenAICompatBackend",
+    "OpenAIConfig",
+    "create_openai",
+    "parse_vllm_speculation",
+]
+
+# vLLM's Prometheus counter names (without the ``_total`` suffix) -> this library's stat keys
+_VLLM_SPEC = {
+    "vllm:spec_decode_num_drafts": "num_verify_rows",
+    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+}
+
+
+def parse_vllm_speculation(text: str) -> dict[str, float]:
+    """The speculative-decoding counters in a Prometheus text page, summed over labels."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:spec_decode_num_"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0].removesuffix("_total")
+        key = _VLLM_SPEC.get(name)
+        if key is None:
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
 
 _DEFAULT_URLS = ("http://127.0.0.1:8000",)
 _REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
@@ -157,6 +196,18 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             if run.task is not None:
                 run.task.cancel()
         await self.pool.aclose()
+
+    async def server_speculation(self) -> dict[str, float]:
+        """vLLM's speculative-decoding counters (module docstring), summed over workers, as
+        ``num_verify_rows`` (drafts), ``num_draft_tokens`` and ``num_accepted_tokens``;
+        empty when no worker publishes them."""
+        totals: dict[str, float] = {}
+        for url in self.pool.urls:
+            async with self.pool.send("GET", "/metrics", only=url, budget=1) as (_, response):
+                text = (await response.aread()).decode(errors="replace")
+            for key, value in parse_vllm_speculation(text).items():
+                totals[key] = totals.get(key, 0.0) + value
+        return totals
 
     def _body(self, request: GenerateRequest) -> dict[str, Any]:
         s = request.sampling

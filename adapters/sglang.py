@@ -27,6 +27,15 @@ Read against SGLang 0.5.23's source (``srt/entrypoints/http_server.py``,
   ``reported_load`` (every client's running + waiting requests, summed over workers).
 - ``POST /classify {"text": [...]}`` (a reward model under ``--is-embedding``) answers a list
   of ``{"embedding": [reward, ...]}``; the reward is a raw logit.
+- Speculative decoding (``--speculative-algorithm`` EAGLE/NGRAM/...): each output's
+  ``meta_info`` carries ``spec_verify_ct`` (verify passes of that request) and, in 0.5.x
+  (``TokenizerManager._calculate_spec_decoding_metrics``), ``spec_accept_token_num`` and
+  ``spec_draft_token_num`` (accepted and drafted tokens; drafted = passes x the server's
+  draft length) beside ``spec_accept_rate`` / ``spec_accept_length``. ``stats()`` sums
+  what the server reported, under the embedded engine's keys: ``num_verify_rows`` and
+  ``num_decode_rows`` from ``spec_verify_ct``, ``num_decode_tokens`` from
+  ``completion_tokens`` of those outputs, ``num_draft_tokens`` / ``num_accepted_tokens`` from
+  the two counts (absent where an older server sends only ``spec_verify_ct``).
 """
 
 from __future__ import annotations
@@ -142,6 +151,22 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
     def stats(self) -> dict[str, float]:
         attempts = sum(e.attempts for e in self.pool.endpoints.values())
         return {**{k: float(v) for k, v in self.counters.items()}, "http_attempts": attempts}
+
+    def _count_speculation(self, meta: Any) -> None:
+        """Add one output's speculative-decoding figures (module docstring) to the counters."""
+        if not isinstance(meta, dict) or not isinstance(meta.get("spec_verify_ct"), int):
+            return
+        passes = meta["spec_verify_ct"]
+        counts = {
+            "num_verify_rows": passes,
+            "num_decode_rows": passes,
+            "num_decode_tokens": meta.get("completion_tokens"),
+            "num_draft_tokens": meta.get("spec_draft_token_num"),
+            "num_accepted_tokens": meta.get("spec_accept_token_num"),
+        }
+        for key, value in counts.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                self.counters[key] = self.counters.get(key, 0) + value
 
     def progress(self, request_id: str) -> int:
         """Tokens streamed so far for a request (streaming mode), 0 when unknown."""
@@ -304,6 +329,8 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
                 for m in group.live():
                     m.future.set_exception(err)
                 return
+            for out, _ in outs:
+                self._count_speculation(out.get("meta_info"))
             meta = outs[0][0].get("meta_info") or {} if outs else {}
             for m in group.live():
                 comps = [parse_output(o, ids) for o, ids in outs[m.offset : m.offset + m.request.n]]

@@ -3,13 +3,21 @@
 Each tree node is one step such as ``8/2=4 (left: 3 4 4)``. A branch ends after three steps
 or at an illegal step. The answer is the trace itself (one step per line), checked by the
 exact solver. Works with every search policy.
+
+``Game24Drafter`` is the program's drafter for the embedded engine's token speculation
+(``drafter="spec_tot.graphs.game24:game24_drafter"``, the program's default backend option):
+once a step's operation is written, the result and its ``(left: ...)`` part are forced, so it
+proposes them (and the newline that ends the step) for the engine to verify in one pass.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from spec_tot._private.programs import Program
+from spec_tot.adapters.local.drafter import DraftContext, Drafter
 from spec_tot.app import ToTApp
 from spec_tot.errors import ConfigError
 from spec_tot.graph import END, START, State, ThoughtGraph
@@ -19,8 +27,10 @@ from spec_tot.requests import SamplingParams
 __all__ = [
     "DEFAULT_SEARCH_PARAMS",
     "PROGRAM",
+    "Game24Drafter",
     "build_game24_graph",
     "compile_game24",
+    "game24_drafter",
     "game24_inputs",
 ]
 
@@ -109,11 +119,73 @@ def game24_inputs(n: int, first_rank: int = task.TEST_RANKS[0]) -> list[dict[str
     ]
 
 
+class Game24Drafter(Drafter):
+    """Proposes the forced rest of a step (``task.forced_suffix``) and the newline after it,
+    for a tokenizer that writes each character as one token (the shipped policy's)."""
+
+    name = "game24"
+
+    def __init__(self, tokenizer: Any) -> None:
+        vocab = len(tokenizer)
+        special = set(getattr(tokenizer, "all_special_ids", ()))
+        self._text = ["" if i in special else str(tokenizer.decode([i])) for i in range(vocab)]
+        self._ids = {t: i for i, t in enumerate(self._text) if len(t) == 1}
+        self._eq = self._ids.get("=")
+        self._newline = self._ids.get("\n")
+        self._numbers: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._drafts: OrderedDict[tuple[Any, tuple[int, ...]], list[int]] = OrderedDict()
+
+    def _numbers_before(self, prompt: tuple[int, ...]) -> Any:
+        """Numbers left after the prompt's puzzle line and steps (None: not a Game-of-24
+        prompt, or an illegal step in it); cached per prompt."""
+        if prompt in self._numbers:
+            self._numbers.move_to_end(prompt)
+            return self._numbers[prompt]
+        lines = "".join(self._text[t] for t in prompt).strip("\n").split("\n")
+        try:
+            numbers = task.remaining_numbers(lines[0], lines[1:])
+        except ConfigError:
+            numbers = None
+        self._numbers[prompt] = numbers
+        if len(self._numbers) > 4096:
+            self._numbers.popitem(last=False)
+        return numbers
+
+    def propose(self, context: DraftContext) -> Sequence[int]:
+        tokens, start = context.token_ids, context.num_prompt_tokens
+        line = tokens[start:]
+        if self._eq is None or self._newline is None or self._eq not in line:
+            return ()
+        if self._newline in line:  # a second line: not a step of this prompt's
+            return ()
+        numbers = self._numbers_before(tuple(tokens[:start]))
+        if numbers is None:
+            return ()
+        key = (numbers, tuple(line))
+        ids = self._drafts.get(key)
+        if ids is None:  # siblings write the same partial steps: computed once
+            rest = task.forced_suffix(numbers, "".join(self._text[t] for t in line))
+            chars = [self._ids.get(ch) for ch in rest + "\n"] if rest else []
+            ids = self._drafts[key] = [i for i in chars if i is not None]
+            if len(ids) < len(chars):
+                ids.clear()  # a character the tokenizer cannot write as one token
+            if len(self._drafts) > 1 << 14:
+                self._drafts.popitem(last=False)
+        return ids[: context.limit]
+
+
+def game24_drafter(tokenizer: Any) -> Game24Drafter:
+    """The factory the engine's ``drafter`` option names."""
+    return Game24Drafter(tokenizer)
+
+
 def _backend_options(backend: str) -> dict[str, Any]:
     if backend == "local":
         return {
             "policy_path": str(task.asset_dir("policy")),
             "prm_path": str(task.asset_dir("prm")),
+            "drafter": "spec_tot.graphs.game24:game24_drafter",
+            "ngram_max": 4,  # with the program's drafter, as measured (token_spec_engine_b*)
         }
     return {}
 

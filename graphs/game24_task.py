@@ -38,6 +38,7 @@ __all__ = [
     "build_tokenizer",
     "check_answer",
     "expression",
+    "forced_suffix",
     "format_number",
     "format_step",
     "is_legal_step",
@@ -233,6 +234,30 @@ def format_step(numbers_before: NumbersLike, a: int | Fraction, op: str, b: int 
         raise ConfigError("step", f"{a} {op} {b} is not possible from {before}")
     left = " ".join(format_number(x) for x in sorted([*rest, result]))
     return f"{_operand(fa)}{op}{_operand(fb)}={format_number(result)} (left: {left})"
+
+
+_PARTIAL_RE = re.compile(rf"^\s*({_OPERAND})\s*([+\-*/])\s*({_OPERAND})\s*=(.*)$")
+
+
+def forced_suffix(numbers_before: NumbersLike, partial: str) -> str | None:
+    """The rest of a step line that its operation forces: once ``a op b =`` is written from
+    ``numbers_before``, the result and ``(left: ...)`` follow (canonical form, as
+    ``format_step`` writes them). ``None`` when ``partial`` has no operation yet, names
+    numbers that are not there, or already departs from the forced text."""
+    m = _PARTIAL_RE.match(partial)
+    if m is None:
+        return None
+    a, b = _value(m.group(1)), _value(m.group(3))
+    if a is None or b is None:
+        return None
+    result = _apply(a, m.group(2), b)
+    rest = _remove(parse_numbers(numbers_before), a, b)
+    if result is None or rest is None:
+        return None
+    left = " ".join(format_number(x) for x in sorted([*rest, result]))
+    full = f"{format_number(result)} (left: {left})"
+    written = m.group(4)
+    return full[len(written) :] if full.startswith(written) else None
 
 
 @lru_cache(maxsize=1 << 16)

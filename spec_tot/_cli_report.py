@@ -41,7 +41,7 @@ class RunOutcome:
 def _table(rows: Sequence[dict[str, Any]]) -> Table:
     table = Table(title="spec-tot")
     columns = ("mode", "search", "conc.", "solved", "acc", "q/s", "tok/s", "useful tok/s")
-    for col in (*columns, "hit", "p50 s", "reward calls", "peak RSS MB"):
+    for col in (*columns, "hit", "tok/step", "draft acc", "p50 s", "reward calls", "peak RSS MB"):
         table.add_column(col, justify="right")
     for row in rows:
         m = row["metrics"]
@@ -55,6 +55,8 @@ def _table(rows: Sequence[dict[str, Any]]) -> Table:
             f"{m['tokens_per_s']:.0f}",
             f"{m['useful_tokens_per_s']:.0f}",
             f"{m['spec_hit_rate']:.2f}",
+            f"{m['tokens_per_step']:.2f}" if m.get("tokens_per_step") else "-",
+            f"{m['acceptance_rate']:.2f}" if m.get("draft_tokens") else "-",
             f"{m['latency_p50_s']:.2f}",
             str(m["reward_calls"]),
             f"{m['peak_rss_mb']:.0f}",

@@ -115,7 +115,7 @@ async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOu
         "program": plan.program.name,
         "concurrency": config.max_concurrency,
         "seed": config.seed,
-        "metrics": batch.metrics.to_dict(),
+        "metrics": batch.metrics.with_backend_stats(backend.stats()).to_dict(),
     }
     return RunOutcome(row, first_error)
 

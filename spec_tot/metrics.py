@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import resource
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,7 +50,10 @@ class RunMetrics:
 
     ``wasted_tokens`` counts tokens generated for nodes that ended cancelled (aborted, failed,
     mis-speculated) or that were speculative and never adopted. ``goodput`` is correct
-    answers per second whose latency was within the deadline.
+    answers per second whose latency was within the deadline. Token-level speculative
+    decoding, from the backend's stats (``with_backend_stats``; 0 where it reports none):
+    ``draft_tokens`` verified, ``accepted_tokens`` of them kept, ``acceptance_rate`` their
+    ratio, ``tokens_per_step`` output tokens per decode row and step (1.0 without drafts).
     """
 
     queries: int
@@ -77,9 +82,28 @@ class RunMetrics:
     executor_cpu_us_per_token: float = 0.0
     peak_rss_mb: float = 0.0
     useful_tokens_per_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    acceptance_rate: float = 0.0
+    tokens_per_step: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def with_backend_stats(self, stats: Mapping[str, float]) -> RunMetrics:
+        """These figures plus the token-speculation ones a backend's ``stats()`` holds
+        (``num_draft_tokens``, ``num_accepted_tokens``, ``num_decode_rows``,
+        ``num_decode_tokens``: the embedded engine's, or what a server reported)."""
+        drafted = int(stats.get("num_draft_tokens", 0))
+        accepted = int(stats.get("num_accepted_tokens", 0))
+        rows = stats.get("num_decode_rows", 0.0)
+        return dataclasses.replace(
+            self,
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            tokens_per_step=stats.get("num_decode_tokens", 0.0) / rows if rows else 0.0,
+        )
 
 
 @dataclass

@@ -25,6 +25,7 @@ class FakeOpenAI(MiniHTTPServer):
     live: set[int] = field(default_factory=set)
     aborted: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    metrics: str = ""  # vLLM's Prometheus page on GET /metrics
 
     def __post_init__(self) -> None:
         MiniHTTPServer.__init__(self)
@@ -36,6 +37,13 @@ class FakeOpenAI(MiniHTTPServer):
             return False
         if fault in ("500", "503"):
             return await self.reply(req, int(fault), {"error": {"message": "injected"}})
+        if req.path == "/metrics":
+            data = self.metrics.encode()
+            head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+            head += f"Content-Length: {len(data)}\r\n\r\n"
+            req.writer.write(head.encode() + data)
+            await req.writer.drain()
+            return True
         if req.path == "/pooling":
             return await self.pooling(req)
         if req.path == "/v1/completions":

@@ -147,6 +147,7 @@ class FakeSGLang(MiniHTTPServer):
     aborted: list[str] = field(default_factory=list)
     abort_calls: list[str] = field(default_factory=list)
     generate_bodies: list[dict[str, Any]] = field(default_factory=list)
+    spec_meta: dict[str, Any] = field(default_factory=dict)  # speculative decoding's meta_info
 
     def __post_init__(self) -> None:
         MiniHTTPServer.__init__(self)
@@ -327,6 +328,7 @@ class FakeSGLang(MiniHTTPServer):
             "prompt_tokens": 5,
             "completion_tokens": made,
             "cached_tokens": 0,
+            **self.spec_meta,
         }
         if body.get("return_logprob"):
             last = str(prompt).rsplit("\n", 1)[0].rsplit("\n", 1)[-1]  # the judged step

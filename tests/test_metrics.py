@@ -13,6 +13,10 @@ from spec_tot.metrics import METRIC_KEYS, MetricsRecorder, QueryRecord, RunMetri
 from spec_tot.tree import NodeStatus
 
 EXTRAS = {
+    "draft_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "tokens_per_step",
     "failed",
     "cancelled",
     "speculative_nodes",

@@ -112,3 +112,27 @@ async def test_generative_prm(server: FakeOpenAI) -> None:
 def test_registry_creates_openai() -> None:
     made = default_registry().create("openai", urls=["http://127.0.0.1:9"], model="x")
     assert isinstance(made, OpenAICompatBackend) and made.capabilities.name == "openai"
+
+
+async def test_vllm_speculation_counters_from_metrics(server: FakeOpenAI) -> None:
+    """The completions protocol carries no speculative-decoding figure; vLLM's Prometheus
+    counters do, summed over labels and workers."""
+    from spec_tot.adapters.openai_compat import parse_vllm_speculation
+
+    server.metrics = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 40.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 25.0',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 9.0',
+            "vllm:num_requests_running 1.0",
+        ]
+    )
+    b = backend([server.url])
+    got = await b.server_speculation()
+    assert got == {"num_verify_rows": 10.0, "num_draft_tokens": 40.0, "num_accepted_tokens": 25.0}
+    assert parse_vllm_speculation("vllm:spec_decode_num_drafts 3\n") == {"num_verify_rows": 3.0}
+    server.metrics = "vllm:num_requests_running 0.0\n"
+    assert await b.server_speculation() == {}
+    await b.aclose()

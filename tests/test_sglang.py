@@ -322,3 +322,28 @@ async def test_reported_load_polls_v1_loads(server: FakeSGLang) -> None:
     await until(lambda: b.reported_load() == 3.0)
     await b.aclose()
     assert any(p.startswith("/v1/loads") for p in server.attempts)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_speculative_decoding_figures_pass_through(server: FakeSGLang, stream: bool) -> None:
+    """What SGLang's meta_info says about speculative decoding lands in stats(), summed
+    over outputs, under the embedded engine's keys; nothing when the server sends none."""
+    b = backend([server.url], stream=stream)
+    await b.generate(req("q/none"))
+    assert "num_draft_tokens" not in b.stats()
+    server.spec_meta = {
+        "spec_verify_ct": 2,
+        "spec_accept_token_num": 3,
+        "spec_draft_token_num": 6,
+        "spec_accept_rate": 0.5,
+        "spec_accept_length": 2.0,
+    }
+    await b.generate(req("q/a", n=2))
+    st = b.stats()
+    assert st["num_verify_rows"] == st["num_decode_rows"] == 4
+    assert st["num_draft_tokens"] == 12 and st["num_accepted_tokens"] == 6
+    assert st["num_decode_tokens"] == 8  # completion_tokens of the two outputs
+    server.spec_meta = {"spec_verify_ct": 1}  # an older server: verify passes only
+    await b.generate(req("q/b"))
+    assert b.stats()["num_verify_rows"] == 5 and b.stats()["num_draft_tokens"] == 12
+    await b.aclose()

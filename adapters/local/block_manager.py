@@ -154,15 +154,30 @@ class BlockManager:
     def reserve_slot(self, seq: Sequence) -> bool:
         """Room for the token at position len-1 (a new block, or a private copy of a shared
         partial one); False, changing nothing, when no block is free."""
-        table = seq.block_table
-        index = (len(seq.token_ids) - 1) // self.block_size
+        return self._writable(seq.block_table, (len(seq.token_ids) - 1) // self.block_size)
+
+    def reserve_range(self, seq: Sequence, start: int, end: int) -> int:
+        """Room for positions ``start .. end-1`` past the last token (a verify row's drafted
+        tokens) from free blocks only, never evicting anyone. Returns the end reserved
+        (``start`` when no block was to be had)."""
+        bs, table = self.block_size, seq.block_table
+        pos = start
+        while pos < end:
+            if not self._writable(table, pos // bs):
+                return pos
+            pos = (pos // bs + 1) * bs
+        return end
+
+    def _writable(self, table: list[int], index: int) -> bool:
+        """Make block ``index`` of ``table`` exist and be private (copy-on-write of a shared
+        one, a fresh block past the end); False, changing nothing, when no block is free."""
         if index < len(table):
             old = table[index]
             if self.blocks[old].ref_count == 1:
                 return True
             if not self._free:
                 return False
-            new = self._pop_free()  # copy-on-write of a shared partial block
+            new = self._pop_free()  # copy-on-write of a shared block
             self.cow_pairs.append((old, new))
             self._release(old)
             table[index] = new
@@ -172,6 +187,14 @@ class BlockManager:
             return False
         table.append(self._pop_free())
         return True
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release the blocks past those that hold positions ``0 .. num_tokens-1`` (a verify
+        row's rejected drafts: their K/V is never read)."""
+        keep = -(-num_tokens // self.block_size)
+        table = seq.block_table
+        while len(table) > keep:
+            self._release(table.pop())
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (copy-on-write at the next write)."""

@@ -278,9 +278,11 @@ def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[in
     if hit is not None and isinstance(hit.get("curve"), dict):
         curve = {int(b): float(t) for b, t in hit["curve"].items()}
     if not curve or disturbed(curve):
-        curve = step_cost_curve(engine)
+        with engine.plain_decoding():  # the curve is of plain decode steps
+            curve = step_cost_curve(engine)
         if not disturbed(curve):
             cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
+    engine.use_step_costs(curve)  # the token-speculation gate's prior
     return saturation_from_curve(curve, cfg.max_num_seqs), curve
 
 

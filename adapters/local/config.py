@@ -71,6 +71,14 @@ class EngineConfig:
     prompts, kept for comparison). ``attention``: ``"sparse"`` reads the KV pool in place for
     decode rows, ``"gather"`` gathers contexts for SDPA; ``"auto"`` picks sparse on CPU
     (float32), gather elsewhere.
+
+    Token-level speculative decoding (``tokenspec.py``): ``token_speculation`` is the one
+    switch; drafts of up to ``max_draft_tokens`` tokens come from the program's ``drafter``
+    (a ``"module:attr"`` factory of a ``drafter.Drafter``, given the tokenizer), a
+    ``draft_model`` folder (the draft-model seam), and prompt lookup over the sequence and
+    its tree (n-grams of ``ngram_min`` .. ``ngram_max`` tokens; ``ngram_max=0``, the default,
+    turns it off: alone it measured slower than plain decoding at batch 8 and 32 on the main
+    job's traces and on SmolLM2-135M, ``benchmarks/results/token_spec_*.json``).
     """
 
     model: str | None = None
@@ -90,6 +98,12 @@ class EngineConfig:
     attention: str = "auto"
     synthetic: SyntheticWorkload | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    token_speculation: bool = True
+    max_draft_tokens: int = 16
+    drafter: str | None = None
+    draft_model: str | None = None
+    ngram_max: int = 0
+    ngram_min: int = 2
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.model_config is None):
@@ -131,6 +145,29 @@ class EngineConfig:
         sat = self.saturation_batch
         if sat is not None and (not isinstance(sat, int) or isinstance(sat, bool) or sat < 1):
             raise ConfigError("saturation_batch", f"must be an int >= 1, got {sat!r}")
+        self._check_token_speculation()
+
+    def _check_token_speculation(self) -> None:
+        if not isinstance(self.token_speculation, bool):
+            raise ConfigError(
+                "token_speculation", f"must be a bool, got {self.token_speculation!r}"
+            )
+        for name, low in (("max_draft_tokens", 1), ("ngram_max", 0), ("ngram_min", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ConfigError(name, f"must be an int >= {low}, got {value!r}")
+        if self.ngram_max and self.ngram_min > self.ngram_max:
+            raise ConfigError(
+                "ngram_min", f"must be <= ngram_max ({self.ngram_max}), got {self.ngram_min}"
+            )
+        for name in ("drafter", "draft_model"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(name, f"must be a non-empty string or None, got {value!r}")
+        if self.drafter is not None and ":" not in self.drafter:
+            raise ConfigError(
+                "drafter", f"must name a factory as 'module:attr', got {self.drafter!r}"
+            )
 
 
 def cache_root() -> Path:

@@ -3,7 +3,8 @@
 Not thread-safe: ``LocalBackend`` drives it from one worker thread. A step is one packed
 forward over every scheduled row (decode rows and prompt chunks together, see
 ``scheduler.py``), one vectorised draw for every member, then per-row bookkeeping
-(``postprocess.py``).
+(``postprocess.py``). With token speculation on (``tokenspec.py``), decode rows may carry
+drafted tokens and verify them in the same forward pass.
 
 Failures stay with the request that caused them. Requests are validated where they enter
 (``validate.py``). If a forward still raises, every row of the step is run again alone: the
@@ -14,8 +15,10 @@ fails its own requests only.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -25,6 +28,7 @@ from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, Str
 from .block_manager import BlockManager
 from .config import EngineConfig, resolve_device, resolve_dtype
 from .detokenizer import StopChecker
+from .drafter import Drafter, HFDraftModel, NgramDrafter, load_drafter
 from .intake import Intake
 from .loader import LoadedModel, build_random_model, load_model_folder
 from .model import KVCache
@@ -40,6 +44,7 @@ from .sequence import (
     finish_member,
 )
 from .synthetic import PseudoTokenizer
+from .tokenspec import SpecCounters, TokenSpeculator
 from .validate import RequestValidator
 
 __all__ = ["LLMEngine"]
@@ -106,6 +111,7 @@ class LLMEngine:
             StopChecker(self.tokenizer, args.vocab_size),
             self._release,
         )
+        self.speculator = self._speculator() if config.token_speculation else None
         # counters (names listed in _COUNTERS; exported by ``stats()``)
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
         self.num_mixed_steps = self.num_failed_requests = self.num_aborted_requests = 0
@@ -113,6 +119,35 @@ class LLMEngine:
         self.num_forward_rows = 0
         self.peak_kv_blocks_used = self.peak_running_seqs = 0
         self.step_seconds = 0.0  # wall time inside step(): scheduling, forward, sampling
+
+    def _speculator(self) -> TokenSpeculator:
+        cfg = self.config
+        drafters: list[Drafter] = []
+        if cfg.drafter is not None:
+            drafters.append(load_drafter(cfg.drafter, self.tokenizer))
+        if cfg.draft_model is not None:
+            drafters.append(HFDraftModel(cfg.draft_model, self.device))
+        if cfg.ngram_max:
+            drafters.append(NgramDrafter(cfg.ngram_max, cfg.ngram_min))
+        limit = cfg.max_draft_tokens
+        return TokenSpeculator(
+            drafters, self.block_manager, max_draft_tokens=limit, max_len=self.max_len
+        )
+
+    @contextlib.contextmanager
+    def plain_decoding(self) -> Iterator[None]:
+        """No token speculation inside (start-up calibration measures plain decode steps)."""
+        spec, self.speculator = self.speculator, None
+        try:
+            yield
+        finally:
+            self.speculator = spec
+
+    def use_step_costs(self, curve: dict[int, float]) -> None:
+        """The calibrated step-cost curve (decode batch -> seconds): token speculation's prior
+        for what a verified token costs."""
+        if self.speculator is not None and curve:
+            self.speculator.cost.set_curve(curve)
 
     # -- requests ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -173,11 +208,16 @@ class LLMEngine:
     def step(self) -> list[GenerateResult]:
         """One engine iteration; returns the requests that finished in it."""
         started = time.perf_counter()
+        spec = self.speculator
+        if spec is not None:
+            spec.begin()
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
-        for row in plan.rows:
-            self.block_manager.publish(row.seq, row.end)  # the blocks filled in this step
+        if spec is not None:
+            spec.extend(plan, self.config.max_num_batched_tokens - plan.num_tokens)
+        for row in plan.rows:  # the blocks filled in this step (a draft's only once kept)
+            self.block_manager.publish(row.seq, row.start + 1 if row.draft else row.end)
         cow = self.block_manager.take_cow_pairs()
         logit_plan = plan_logits(plan)
         try:
@@ -187,6 +227,8 @@ class LLMEngine:
             logit_plan = plan_logits(plan)
             logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
         finished = self._postprocess(plan, logit_plan, logits)
+        if spec is not None:
+            spec.end()
         self.step_seconds += time.perf_counter() - started
         return finished
 
@@ -228,7 +270,8 @@ class LLMEngine:
         self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, bm.num_used_blocks)
         self.peak_running_seqs = max(self.peak_running_seqs, len(self.scheduler.running))
         for row in plan.rows[: plan.num_decode]:
-            row.seq.num_computed_tokens += 1
+            if not row.draft:  # a verify row's count is settled once its drafts are judged
+                row.seq.num_computed_tokens += 1
         for row in plan.rows[plan.num_decode :]:
             seq = row.seq
             self.num_computed_prompt_tokens += row.num_tokens
@@ -237,7 +280,7 @@ class LLMEngine:
                 req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
             seq.num_computed_tokens = row.end
         finished: list[GenerateResult] = []
-        n = len(logit_plan.samples)
+        n = logit_plan.num_sample_rows
         if logit_plan.prompt:
             try:
                 record_prompt_logprobs(logit_plan.prompt, logits[n:])
@@ -249,30 +292,43 @@ class LLMEngine:
             self._release(seq, SequenceStatus.FINISHED)
         if not n:
             return finished
-        self.num_forward_rows += n
-        for seq, toks, lps in self._sample(logits[:n], logit_plan.samples):
-            if seq.status != SequenceStatus.RUNNING:
+        draws = self._sample(logits[:n], logit_plan)
+        spec, pos = self.speculator, 0
+        for i, row in enumerate(logit_plan.rows):
+            width = 1 + len(row.draft)
+            block, pos = draws[pos : pos + width], pos + width
+            if row.seq.status != SequenceStatus.RUNNING or None in block:
                 continue
             try:
-                self.post.append(seq, toks, lps, finished)
+                accepted, emitted = self.post.take(row, block, finished)
             except Exception as exc:  # this row's bookkeeping: its requests fail, no one else
-                self._fail(seq, exc)
+                self._fail(row.seq, exc)
+                continue
+            self.num_forward_rows += emitted
+            if spec is not None and i < logit_plan.num_decode:
+                spec.record(row, accepted, emitted)
         return finished
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[tuple[Any, ...]]:
-        """One draw for the whole batch; if that raises, row by row (the rows that still
-        raise fail their requests)."""
+    def _sample(
+        self, logits: torch.Tensor, logit_plan: LogitPlan
+    ) -> list[tuple[list[int], Any] | None]:
+        """One draw for the whole batch (a verify row draws at each of its positions); if
+        that raises, row by row (the sequences of rows that still raise fail)."""
+        seqs, offsets = logit_plan.sample_seqs(), logit_plan.offsets()
         try:
-            tokens, logprobs = self.sampler.sample(logits, seqs)
-            return list(zip(seqs, tokens, logprobs, strict=True))
+            tokens, logprobs = self.sampler.sample(logits, seqs, offsets)
+            return list(zip(tokens, logprobs, strict=True))
         except Exception:
-            out = []
+            out: list[tuple[list[int], Any] | None] = []
             for i, seq in enumerate(seqs):
                 try:
-                    (toks,), (lps,) = self.sampler.sample(logits[i : i + 1].clone(), [seq])
-                    out.append((seq, toks, lps))
+                    rows = logits[i : i + 1].clone()
+                    (toks,), (lps,) = self.sampler.sample(rows, [seq], [offsets[i]])
+                    out.append((toks, lps))
                 except Exception as exc:
-                    self._fail(seq, exc)
+                    out.append(None)
+                    if seq.status == SequenceStatus.RUNNING:
+                        self._fail(seq, exc)
             return out
 
     # -- counters ---------------------------------------------------------------------------
@@ -293,6 +349,8 @@ class LLMEngine:
         self.intake.num_prompt_tokens = 0
         self.block_manager.num_prefix_hit_blocks = self.block_manager.num_cow_copies = 0
         self.scheduler.num_preemptions = 0
+        if self.speculator is not None:
+            self.speculator.reset_counters()
 
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
@@ -313,5 +371,8 @@ class LLMEngine:
             num_running=float(len(self.scheduler.running)),
             num_waiting=float(self.scheduler.num_waiting),
             num_dedup_saved_tokens=float(self.num_generated_tokens - self.num_forward_rows),
+        )
+        out.update(
+            self.speculator.counters.as_stats() if self.speculator else SpecCounters().as_stats()
         )
         return out

@@ -1,8 +1,9 @@
 """Turns a step plan into packed model inputs and runs one forward pass.
 
-Tokens are packed row after row, decode rows first. Block tables become slot indices once
-per step (one small tensor build per group of rows); nothing here loops over layers, and the
-per-row Python work is reading a few ints and slicing a few lists.
+Tokens are packed row after row, decode rows first (a verify row of token speculation is a
+decode row of ``1 + k`` tokens: its last token and the drafted ones). Block tables become
+slot indices once per step (one small tensor build per group of rows); nothing here loops
+over layers, and the per-row Python work is reading a few ints and slicing a few lists.
 """
 
 from __future__ import annotations
@@ -200,8 +201,8 @@ class ModelRunner:
         for row in ordered:
             if row.num_tokens == 1:
                 ids.append(row.seq.token_ids[row.start])
-            else:
-                ids.extend(row.seq.token_ids[row.start : row.end])
+            else:  # a prompt chunk, or a verify row: its last token and the drafted ones
+                ids.extend(row.input_ids())
         slot_parts, pos_parts = [], []
         sparse = None
         dense: list[DenseMeta] = []

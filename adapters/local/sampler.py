@@ -4,8 +4,11 @@ Every logical member takes one uniform per token from its own ``torch.Generator`
 blocks, the same stream as one draw per token) and the inverse CDF of its row's distribution
 at that uniform. So a member's token depends only on (its distribution, its generator):
 identical whether it shares a row with other members (CD) or has a row of its own, and
-whatever else is in the batch. The whole step is one pass: one tensor of uniforms, one
-softmax per group of rows, one ``searchsorted`` for every member. Rows without top-k/top-p
+whatever else is in the batch. The sampler only reads the uniforms
+(``Member.peek_uniform``); the caller uses up one per token a member emits, so a verify row
+(token speculation) draws at every drafted position and keeps the stream of plain
+decoding. The whole step is one pass: one tensor of uniforms, one softmax per group of
+rows, one ``searchsorted`` for every member. Rows without top-k/top-p
 use the CDF in vocabulary order (no sort); filtered rows use the CDF of the sorted,
 truncated distribution. The choice depends on the row's own parameters only.
 
@@ -88,13 +91,15 @@ class Sampler:
     def __init__(self, eos_ids: frozenset[int]) -> None:
         self.eos_ids = tuple(sorted(eos_ids))
 
-    def _mask_min_tokens(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> None:
+    def _mask_min_tokens(
+        self, logits: torch.Tensor, seqs: Seq[Sequence], offsets: Seq[int]
+    ) -> None:
         """Before ``min_tokens`` tokens, EOS and stop ids cannot be drawn."""
         rows: list[int] = []
         cols: list[int] = []
-        for r, seq in enumerate(seqs):
+        for r, (seq, offset) in enumerate(zip(seqs, offsets, strict=True)):
             p = seq.params
-            if p.min_tokens and seq.num_output_tokens < p.min_tokens:
+            if p.min_tokens and seq.num_output_tokens + offset < p.min_tokens:
                 banned = set(p.stop_token_ids)
                 if not p.ignore_eos:
                     banned.update(self.eos_ids)
@@ -105,9 +110,12 @@ class Sampler:
             logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
 
     def sample(
-        self, logits: torch.Tensor, seqs: Seq[Sequence]
+        self, logits: torch.Tensor, seqs: Seq[Sequence], offsets: Seq[int] | None = None
     ) -> tuple[list[list[int]], list[dict[int, TokenLogprob] | None]]:
-        self._mask_min_tokens(logits, seqs)
+        """Row ``i`` of ``logits`` is position ``offsets[i]`` (default 0) past the end of
+        ``seqs[i]``: its members draw with the uniform that many places ahead."""
+        offsets = offsets if offsets is not None else [0] * len(seqs)
+        self._mask_min_tokens(logits, seqs, offsets)
         params = [s.params for s in seqs]
         out: list[list[int]] = [[] for _ in seqs]
         greedy = [i for i, p in enumerate(params) if p.greedy]
@@ -123,7 +131,7 @@ class Sampler:
                 (plain if p.top_k == -1 and p.top_p >= 1 else filtered).append(i)
         for group, is_filtered in ((plain, False), (filtered, True)):
             if group:
-                self._draw(logits, seqs, group, is_filtered, out)
+                self._draw(logits, seqs, offsets, group, is_filtered, out)
         logprobs: list[dict[int, TokenLogprob] | None] = [None] * len(seqs)
         wanted = [i for i, p in enumerate(params) if p.wants_logprobs]
         if wanted:
@@ -140,6 +148,7 @@ class Sampler:
         self,
         logits: torch.Tensor,
         seqs: Seq[Sequence],
+        offsets: Seq[int],
         group: list[int],
         is_filtered: bool,
         out: list[list[int]],
@@ -158,7 +167,7 @@ class Sampler:
             cdf = probs.cumsum(dim=-1)
         # every member's uniform, rows padded to the widest: one batched searchsorted, and
         # no copy of any row's CDF
-        draws = [[m.next_uniform() for m in seqs[i].members] for i in group]
+        draws = [[m.peek_uniform(offsets[i]) for m in seqs[i].members] for i in group]
         width = max(len(d) for d in draws)
         padded = [d + [0.0] * (width - len(d)) for d in draws]
         target = torch.tensor(padded, device=dev, dtype=cdf.dtype) * cdf[:, -1:]

@@ -93,13 +93,25 @@ class Member:
 
     def next_uniform(self) -> float:
         """The member's next uniform in [0, 1) (its generator's stream, drawn in blocks)."""
+        value = self.peek_uniform(0)
+        self.consume(1)
+        return value
+
+    def peek_uniform(self, ahead: int) -> float:
+        """The uniform ``ahead`` places after the next one, without using it up: a verify
+        row reads one per drafted position, and only the tokens it emits use theirs
+        (``consume``), so the stream is exactly the one plain decoding reads."""
         if self.generator is None:
             return 0.0
-        if self.cursor == len(self.uniforms):
-            self.uniforms = torch.rand(_UNIFORM_BLOCK, generator=self.generator).tolist()
+        while self.cursor + ahead >= len(self.uniforms):
+            block = torch.rand(_UNIFORM_BLOCK, generator=self.generator).tolist()
+            self.uniforms = [*self.uniforms[self.cursor :], *block]
             self.cursor = 0
-        self.cursor += 1
-        return self.uniforms[self.cursor - 1]
+        return self.uniforms[self.cursor + ahead]
+
+    def consume(self, count: int) -> None:
+        if self.generator is not None:
+            self.cursor += count
 
 
 @dataclass(slots=True)
@@ -132,6 +144,10 @@ class Sequence:
     prompt_logprobs: dict[int, TokenLogprob] = field(default_factory=dict)
     streaming: bool = False  # some member's request streams: keep ``detok`` current
     rank: tuple[int, int] = (0, 0)  # scheduling order: (priority, arrival), set below
+    # token speculation: this sequence's recent share of drafted tokens accepted (None: no
+    # draft verified yet), and the tree it belongs to (its first request's root id)
+    accept_rate: float | None = None
+    tree: str = ""
 
     def __post_init__(self) -> None:
         self.rank = (int(self.priority), self.arrival)
@@ -176,16 +192,29 @@ class Sequence:
             prompt_logprobs_from=self.prompt_logprobs_from,
             prompt_logprobs=self.prompt_logprobs,  # complete by now: shared, never written
             streaming=any(m.request.stream for m in members),
+            accept_rate=self.accept_rate,
+            tree=self.tree,
         )
 
 
 @dataclass(slots=True)
 class ScheduledRow:
-    """Tokens ``start .. start + num_tokens`` of ``seq`` computed in this step."""
+    """Tokens ``start .. start + num_tokens`` of ``seq`` computed in this step. A verify row
+    (token speculation) is a decode row that also computes ``draft``, tokens proposed to
+    follow the sequence: it has ``1 + len(draft)`` tokens, of which only the first is in
+    ``seq.token_ids`` yet; ``source`` names the drafter."""
 
     seq: Sequence
     start: int
     num_tokens: int
+    draft: tuple[int, ...] = ()
+    source: str = ""
+
+    def input_ids(self) -> list[int]:
+        """The token ids this row feeds the model."""
+        if self.draft:
+            return [self.seq.token_ids[self.start], *self.draft]
+        return self.seq.token_ids[self.start : self.start + self.num_tokens]
 
     @property
     def end(self) -> int:
