@@ -339,9 +339,7 @@ def serve(
     ] = None,
 ) -> None:
     """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
-    import uvicorn
-
-    from spec_tot.adapters.local.serve import server_config
+    from spec_tot.adapters.local.serve import GuardedServer, server_config
 
     key, source = api_key_from(api_key)
     server = build_server(
@@ -370,7 +368,7 @@ def serve(
         soft_wrap=True,
         markup=False,
     )
-    uvicorn.Server(config).run()
+    GuardedServer(config).run()
 
 
 @app.command()

@@ -11,11 +11,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
-import uvicorn
 from engine_fixtures import assert_backend_free
 
 from spec_tot.adapters.local import LocalBackend
-from spec_tot.adapters.local.serve import create_server_app, server_config
+from spec_tot.adapters.local.serve import GuardedServer, create_server_app, server_config
 
 __all__ = ["free_port", "serve_in_thread", "served", "settle"]
 
@@ -53,7 +52,7 @@ async def served(
         log_level="error",
         lifespan="off",
     )
-    server = uvicorn.Server(config)
+    server = GuardedServer(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)

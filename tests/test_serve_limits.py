@@ -25,6 +25,7 @@ from serve_helpers import served, settle
 
 from spec_tot.adapters.local import LocalBackend, create_local
 from spec_tot.adapters.local.serve import ServeLimits, create_server_app
+from spec_tot.adapters.local.serve.connections import KERNEL_BACKLOG
 from spec_tot.errors import ConfigError
 
 __all__ = ["tiny_llama", "tiny_prm"]
@@ -236,6 +237,34 @@ async def test_a_flood_of_half_open_connections_cannot_lock_out_a_real_client(
     assert worst < 1.0, worst
     for writer in flood:
         writer.close()
+
+
+async def test_the_kernel_queue_holds_more_than_an_accept_burst(
+    clean: tuple[LocalBackend, str, Any],
+) -> None:
+    """Handshakes that arrive while the loop is busy wait in the kernel's queue, deeper than
+    one accept burst (a queue as deep as the burst dropped SYNs past it, and each of those
+    clients waited out a 1 s retransmit); the guard then accepts them all (each is evicted
+    or times out) without meeting the open-file limit."""
+    _, url, app = clean
+    guard = app.state.connections
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    count = min(guard.burst + 200, min(KERNEL_BACKLOG, somaxconn) - 8)
+    if count <= guard.burst:
+        pytest.skip(f"net.core.somaxconn ({somaxconn}) caps the queue at one accept burst")
+    ended = ("evicted", "timed_out")
+    before = sum(guard.counts[k] for k in ended)
+    # blocking connects in the server's own loop: it accepts none until all are in
+    socks = [socket.create_connection(("127.0.0.1", _port(url)), timeout=0.5) for _ in range(count)]
+    deadline = time.monotonic() + LIMITS.header_timeout_s + 3
+    while sum(guard.counts[k] for k in ended) - before < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert sum(guard.counts[k] for k in ended) - before >= count
+    assert guard.counts["accept_out_of_files"] == 0
+    async with httpx.AsyncClient(timeout=1) as c:
+        assert (await c.get(url + "/health")).status_code == 200
+    for sock in socks:
+        sock.close()
 
 
 async def test_a_stream_whose_client_never_reads_is_aborted_and_its_kv_freed(

@@ -14,8 +14,8 @@ Every client error is a 4xx whose message names the field; an unimplemented para
 ``Authorization: Bearer <key>`` (``auth.py``). Every request, connection and stream has a
 limit (``ServeLimits``, ``limits.py``): past a per-request one a 4xx naming it, past a
 server-wide in-flight one a 429 with ``Retry-After``. Serve the app with
-``server_config(app, host=..., port=...)`` (``connections.py``): uvicorn's own settings leave
-half-open connections open forever.
+``GuardedServer(server_config(app, host=..., port=...))`` (``connections.py``): uvicorn's own
+settings leave half-open connections open forever, and its accept loop meets ``EMFILE``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from spec_tot.errors import ConfigError
 
 from ..backend import LocalBackend
 from .auth import BearerAuth, check_api_key
-from .connections import server_config
+from .connections import GuardedServer, server_config
 from .context import ServeContext
 from .limits import ServeLimits
 from .native import internal_error, native_routes
@@ -41,6 +41,7 @@ from .schema import GenerateBatch, Limits, parse_generate
 
 __all__ = [
     "GenerateBatch",
+    "GuardedServer",
     "Limits",
     "ServeLimits",
     "check_api_key",

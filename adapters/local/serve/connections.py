@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import socket
 from collections import OrderedDict
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -41,12 +43,25 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .limits import ServeLimits
 from .outputs import error_body
 
-__all__ = ["CONNECTION_KEY", "ConnectionGuard", "GuardedH11Protocol", "server_config"]
+__all__ = [
+    "CONNECTION_KEY",
+    "KERNEL_BACKLOG",
+    "ConnectionGuard",
+    "GuardedH11Protocol",
+    "GuardedServer",
+    "Listener",
+    "server_config",
+]
 
 CONNECTION_KEY = "spec_tot.connection"
 # h11's own bound on a request head, set far enough past ours that ours answers first (one
 # read can bring up to 256 KiB: asyncio's selector transport's max read size).
 _H11_SLACK = 256 << 10
+# The kernel's accept queue (it clamps this to net.core.somaxconn): deep enough that a flood's
+# handshakes wait there while the guard evicts, instead of the kernel dropping SYNs.
+KERNEL_BACKLOG = 4096
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_RETRY_S = 0.05  # after an EMFILE from descriptors held outside the guard
 
 
 class Phase(Enum):
@@ -58,12 +73,23 @@ class Phase(Enum):
 class ConnectionGuard:
     """The server's open connections and their deadlines (event-loop only)."""
 
-    def __init__(self, limits: ServeLimits, cap: int) -> None:
+    def __init__(self, limits: ServeLimits, cap: int, burst: int = 0) -> None:
         self.limits = limits
         self.cap = cap
+        self.burst = burst
         self.open = 0
+        # descriptors of connections, from connection_made to connection_lost (an evicted
+        # one leaves ``open`` at once, but its descriptor closes a loop pass later)
+        self.fds = 0
+        self.listener: Listener | None = None
         self._waiting: OrderedDict[GuardedH11Protocol, None] = OrderedDict()  # HEAD/IDLE
-        self.counts = {"evicted": 0, "timed_out": 0, "refused": 0, "header_limit": 0}
+        self.counts = {
+            "evicted": 0,
+            "timed_out": 0,
+            "refused": 0,
+            "header_limit": 0,
+            "accept_out_of_files": 0,
+        }
 
     def opened(self, conn: GuardedH11Protocol) -> bool:
         """A new connection: False when it must be refused (every other one is busy)."""
@@ -100,6 +126,17 @@ class ConnectionGuard:
             conn.counted = False
             self.open -= 1
         self._waiting.pop(conn, None)
+
+    def fd_room(self, pending: int) -> int:
+        """Sockets ``accept()`` may take now, with ``pending`` accepted and not yet made:
+        the cap, plus two bursts for refusals and evictions still closing."""
+        return self.cap + 2 * self.burst - self.fds - pending
+
+    def released(self) -> None:
+        """A connection's descriptor closed."""
+        self.fds -= 1
+        if self.listener is not None:
+            self.listener.resume()
 
     def _expire(self, conn: GuardedH11Protocol) -> None:
         conn.timer = None
@@ -148,11 +185,13 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self.counted = True
+        self.guard.fds += 1
         if not self.guard.opened(self):
             _refuse(transport, 503, "max_connections", "every connection runs a request")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.guard.closed(self)
+        self.guard.released()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -168,6 +207,103 @@ class GuardedH11Protocol(H11Protocol):
         if pending > limit:
             self.guard.counts["header_limit"] += 1
             _refuse(self.transport, 431, "max_header_bytes", f"request head over {limit} bytes")
+
+
+class Listener:
+    """Accepts from one listening socket while the guard's descriptor budget has room
+    (event-loop only): at most ``guard.burst`` sockets a wake-up, none while it is full."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol_factory: Callable[[], asyncio.Protocol],
+        guard: ConnectionGuard,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.sock = sock
+        self.protocol_factory = protocol_factory
+        self.guard = guard
+        self.loop = loop
+        self.pending = 0  # accepted, transport not made yet
+        self.reading = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        """Take the socket over from asyncio's own accept loop, with the deep kernel queue."""
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.listen(KERNEL_BACKLOG)
+        self.guard.listener = self
+        self.resume()
+
+    def resume(self) -> None:
+        if self.reading or self.sock.fileno() == -1:  # -1: the server closed it
+            return
+        if self.guard.fd_room(self.pending) > 0:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+            self.reading = True
+
+    def pause(self) -> None:
+        if self.reading:
+            self.reading = False
+            if self.sock.fileno() != -1:
+                self.loop.remove_reader(self.sock.fileno())
+
+    def _accept(self) -> None:
+        for _ in range(min(self.guard.burst, self.guard.fd_room(self.pending))):
+            try:
+                conn, _address = self.sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # the queue is empty
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_FILES:
+                    raise
+                # descriptors held outside the guard (engine, logs) filled the table
+                self.guard.counts["accept_out_of_files"] += 1
+                self.pause()
+                self.loop.call_later(_RETRY_S, self.resume)
+                return
+            conn.setblocking(False)
+            self.pending += 1
+            task = self.loop.create_task(self._serve(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self.guard.fd_room(self.pending) <= 0:
+            self.pause()  # the next closed connection resumes
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(self.protocol_factory, conn)
+        except OSError:
+            conn.close()  # the client left before its transport was made
+        finally:
+            self.pending -= 1
+            self.resume()
+
+
+class GuardedServer(uvicorn.Server):
+    """uvicorn's server for a ``server_config`` config: it binds the socket itself and
+    accepts through a ``Listener`` within the connection guard's descriptor budget."""
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        if sockets is not None:
+            raise ValueError("GuardedServer binds its own socket (from config.host/port)")
+        guard = getattr(getattr(self.config.app, "state", None), "connections", None)
+        if not isinstance(guard, ConnectionGuard):
+            raise ValueError("GuardedServer serves a config made by server_config")
+        sock = self.config.bind_socket()
+        await super().startup([sock])
+        config = self.config
+        loop = asyncio.get_running_loop()
+
+        def protocol() -> asyncio.Protocol:  # as uvicorn's startup makes each connection's
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+                _loop=loop,
+            )
+
+        Listener(sock, protocol, guard, loop).start()
 
 
 async def _guarded_app(
@@ -247,7 +383,7 @@ def server_config(
     if limits is None:
         limits = app.state.serve.serve_limits
     cap, backlog = limits.connection_plan()
-    guard = ConnectionGuard(limits, cap)
+    guard = ConnectionGuard(limits, cap, burst=backlog)
     app.state.connections = guard
     app.state.serve.connections = guard
     return uvicorn.Config(

@@ -29,9 +29,9 @@ __all__ = ["Admission", "ServeLimits", "ServerBusy", "demand", "prompt_tokens"]
 
 # File descriptors kept free of connections for the engine, logs and the PRM (an idle
 # server holds about 10). A full table makes accept() fail, and asyncio then stops accepting
-# for a second, so fresh clients time out: the cap leaves room for these and for two of
-# asyncio's accept bursts (it accepts up to ``backlog`` sockets before any of them reaches
-# the guard, and an evicted socket's descriptor closes one loop pass later).
+# for a second, so fresh clients time out: the cap leaves room for these and for two accept
+# bursts (the listener takes up to a burst before any of them reaches the guard, and an
+# evicted socket's descriptor closes one loop pass later; ``connections.Listener``).
 FD_OTHER = 64
 
 
@@ -96,8 +96,9 @@ class ServeLimits:
             )
 
     def connection_plan(self) -> tuple[int, int]:
-        """``(max_connections, listen backlog)``, checked against this process's open-file
-        limit: connections + two accept bursts + ``FD_OTHER`` fit within it."""
+        """``(max_connections, accept burst)``, checked against this process's open-file
+        limit: connections + two accept bursts + ``FD_OTHER`` fit within it (the kernel's
+        listen queue is deeper: ``connections.KERNEL_BACKLOG``)."""
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft == resource.RLIM_INFINITY:
             soft = 1 << 20
