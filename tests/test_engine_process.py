@@ -29,6 +29,7 @@ from spec_tot.adapters.local.messages import (
     Start,
     StepBatch,
 )
+from spec_tot.adapters.local.proc import _CLOSE_S
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Completion,
@@ -163,7 +164,8 @@ async def test_a_spawned_core_serves_like_a_forked_one(make_backend: Any) -> Non
 
 # -- the backend's process dies ----------------------------------------------------------------
 _PARENT = """
-import asyncio, sys
+import asyncio, faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.local.proc import ForkServer
 from spec_tot.requests import GenerateRequest, SamplingParams
@@ -185,6 +187,20 @@ async def main():
 
 asyncio.run(main())
 """
+
+
+def _wait_or_dump(parent: subprocess.Popen[str], sig: signal.Signals) -> None:
+    """Wait for ``parent`` to end; one still running fails the test with its threads'
+    stacks. The bound is the backend's own worst case: a core that ignores Stop is killed
+    after ``_CLOSE_S``, its reader and its exit are each waited for as long again."""
+    try:
+        parent.wait(3 * _CLOSE_S + 15)
+    except subprocess.TimeoutExpired:
+        parent.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        parent.kill()
+        _, err = parent.communicate(timeout=10)
+        pytest.fail(f"the parent ended by {sig!r} did not exit; its threads:\n{err[-6000:]}")
 
 
 def _gone(pid: int, within: float) -> bool:
@@ -212,6 +228,7 @@ def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path) -> None:
         subprocess.Popen(
             [sys.executable, "-c", script, str(tiny_llama)],
             stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=env,
         )
@@ -225,7 +242,7 @@ def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path) -> None:
         for parent, sig in zip(parents, how, strict=True):
             parent.send_signal(sig)
         for parent, sig, (core, server) in zip(parents, how, pids, strict=True):
-            parent.wait(30)
+            _wait_or_dump(parent, sig)
             if sig == signal.SIGINT:
                 assert parent.stdout is not None and parent.stdout.read().strip() == "closed"
             assert _gone(core, 10.0), f"engine core {core} outlived its backend ({sig!r})"
