@@ -166,6 +166,9 @@ async def test_a_spawned_core_serves_like_a_forked_one(make_backend: Any) -> Non
 _PARENT = """
 import asyncio, faulthandler, signal, sys
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang
+# Ctrl-C as a terminal gives it, whatever this process inherited: a shell's background job
+# starts with SIGINT ignored, and asyncio.run then installs no handler of its own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.local.proc import ForkServer
 from spec_tot.requests import GenerateRequest, SamplingParams
