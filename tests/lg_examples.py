@@ -25,6 +25,18 @@ def load(name: str) -> ModuleType:
     return module
 
 
+def eager(app: Any) -> Any:
+    """``app`` (from ``from_langgraph``) with its speculation gates held open: the tests that
+    use it check what speculation does, and a loaded test machine (event-loop lag, a busy
+    process) must not switch it off under them."""
+    from spec_tot.langgraph import speculation_of
+
+    slots = speculation_of(app).slots
+    slots.max_lag_s = 1.0
+    slots.max_cpu_share = float("inf")
+    return app
+
+
 tot = load("langgraph_tot")
 lats = load("langgraph_lats")
 

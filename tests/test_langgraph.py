@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
-from lg_examples import lats, lats_answer, puzzles, tot, tot_answer
+from lg_examples import eager, lats, lats_answer, puzzles, tot, tot_answer
 from typing_extensions import TypedDict
 
 from spec_tot.branch import current_branch
@@ -71,7 +71,7 @@ def test_lats_tutorial_answers_calls_and_tools_equal_langgraph_on_20_inputs() ->
 
 async def test_full_mode_adopts_speculative_branches() -> None:
     llm = tot.tot_model(seed=1, **FAST)
-    app = from_langgraph(tot.build_tot_graph(llm))
+    app = eager(from_langgraph(tot.build_tot_graph(llm)))
     results = [await arun(app, {"problem": p}, RUN, context=CONTEXT) for p in puzzles(6, seed=2)]
     expands = [t for r in results for t in r.tasks if t.node == "expand"]
     assert any(t.status == "adopted" for t in expands)
@@ -122,7 +122,8 @@ async def test_callbacks_show_exactly_langgraphs_calls() -> None:
     adopted = 0
     for problem in puzzles(5, seed=3):
         llm = tot.tot_model(seed=2, min_latency_s=0.002, max_latency_s=0.03)
-        result = await arun(from_langgraph(tot.build_tot_graph(llm)), {"problem": problem}, RUN)
+        app = eager(from_langgraph(tot.build_tot_graph(llm)))
+        result = await arun(app, {"problem": problem}, RUN)
         adopted += result.metrics.adopted
     assert adopted > 0
 

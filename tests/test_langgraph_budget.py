@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
+from lg_examples import eager
 from spec_helpers import make_app, tick_fn
 from test_backend_hub import Saturating
 from typing_extensions import TypedDict
@@ -111,9 +112,7 @@ async def _side_by_side(seed: int, known: str) -> tuple[int, int]:
     llm = ChatSpecTot(backend=backend, seed=seed, max_tokens=8)
     graph = search_graph(llm)
     lg = from_langgraph(graph, backend=backend if known == "given" else None)
-    speculation_of(
-        lg
-    ).slots.max_lag_s = 1.0  # a loaded test machine must not switch speculation off
+    eager(lg)
     tot = make_app(backend, "rebase", "full", params={"width": 4})
     questions = [f"puzzle {i}" for i in range(2)]
     results = await asyncio.gather(
@@ -156,7 +155,7 @@ def test_sync_nodes_stream_through_the_runs_loop_and_budget() -> None:
     backend = saturating(0)
     llm = ChatSpecTot(backend=backend, seed=0, max_tokens=8)
     app = from_langgraph(search_graph(llm, sync=True))
-    speculation_of(app).slots.max_lag_s = 1.0
+    eager(app)
     final = app.invoke({"question": "puzzle 0"})
     assert all(r.request_id.startswith("lg-") for r in backend.requests)
     assert speculative_requests(backend, "lg-") > 0 and speculation_of(app).slots.hubs == [

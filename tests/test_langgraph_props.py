@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, Send
+from lg_examples import eager
 from typing_extensions import TypedDict
 
 from spec_tot.langgraph import arun, from_langgraph, speculation_of
@@ -258,7 +259,8 @@ async def test_speculation_happens_on_fan_out_graphs() -> None:
     for salt in range(6):
         spec = GraphSpec(FIXED.nodes, FIXED.max_hops, FIXED.latency_ms, salt)
         want = _settled(await build(spec, sync=False).compile().ainvoke({"log": []}, RUN))
-        result = await arun(from_langgraph(build(spec, sync=False)), {"log": []}, RUN)
+        app = eager(from_langgraph(build(spec, sync=False)))
+        result = await arun(app, {"log": []}, RUN)
         assert _settled(result.state) == want
         launched += result.metrics.speculative
         adopted += result.metrics.adopted
