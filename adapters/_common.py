@@ -18,31 +18,12 @@ from ._http import HttpConfig
 __all__ = [
     "aborted_result",
     "judge_probability",
-    "matches_prefix",
     "reward_texts",
-    "sample_seed",
     "sigmoid",
     "split_http_options",
     "spread_scores",
     "sse_events",
 ]
-
-
-def matches_prefix(request_id: str, prefix: str) -> bool:
-    """The contract's subtree test: the id itself or a path below it (not a string prefix)."""
-    return request_id == prefix or request_id.startswith(prefix + "/")
-
-
-_MASK63 = (1 << 63) - 1
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """Seed of sample ``index`` when a request's n samples travel as n one-sample requests:
-    sample 0 keeps the request's seed (so n = 1 is the request itself), the others get a
-    fixed mix of both, within SGLang's ``sampling_seed`` range (a signed 64-bit int)."""
-    if index == 0:
-        return seed
-    return ((seed & _MASK63) * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _MASK63
 
 
 def aborted_result(request: GenerateRequest) -> GenerateResult:

@@ -28,7 +28,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.tools import BaseTool
 
 from spec_tot.adapters._saturation import LoadProbe
-from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.seeds import query_seed
 from spec_tot.graph import State, ThoughtGraph
@@ -43,10 +43,6 @@ from spec_tot.requests import (
 )
 
 __all__ = ["LangChainBackend", "RunnableReward", "add_tool", "tool_node"]
-
-
-def _matches(request_id: str, prefix: str) -> bool:
-    return request_id == prefix or request_id.startswith(prefix + "/")
 
 
 class _PriorityGate:
@@ -245,7 +241,7 @@ class LangChainBackend(GenerationBackend):
         return GenerateResult(rid, tuple(completions), prompt_tokens=len(request.prompt) // 4)
 
     async def abort(self, prefix: str) -> int:
-        hits = [rid for rid in self._tasks if _matches(rid, prefix)]
+        hits = [rid for rid in self._tasks if matches_prefix(rid, prefix)]
         for rid in hits:
             for task in self._tasks[rid]:
                 task.cancel()

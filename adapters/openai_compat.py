@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Capabilities,
@@ -43,7 +43,6 @@ from spec_tot.requests import (
 
 from ._common import (
     judge_probability,
-    matches_prefix,
     reward_texts,
     spread_scores,
     sse_events,

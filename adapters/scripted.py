@@ -17,9 +17,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from spec_tot._private.compiled import stable_seed
-from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
+from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -73,10 +73,6 @@ class ScriptedConfig:
             raise ConfigError("correct", f"{self.correct!r} is not one of choices")
         if self.score_levels == 1 or self.score_levels < 0:
             raise ConfigError("score_levels", f"must be 0 or >= 2, got {self.score_levels}")
-
-
-def _matches(request_id: str, prefix: str) -> bool:
-    return request_id == prefix or request_id.startswith(prefix + "/")
 
 
 @dataclass
@@ -135,14 +131,14 @@ class ScriptedBackend(GenerationBackend, RewardBackend):
         if request.request_id in self._inflight:
             raise BackendError("scripted", f"duplicate request id {request.request_id!r}")
         self.num_generate_calls += 1
-        if any(_matches(request.request_id, p) for p in self.config.fail_prefixes):
+        if any(matches_prefix(request.request_id, p) for p in self.config.fail_prefixes):
             raise BackendError("scripted", f"injected failure for {request.request_id!r}")
         samples = [self.sample(request, i) for i in range(request.n)]
         aborted = asyncio.Event()
         self._inflight[request.request_id] = aborted
         self.peak_inflight = max(self.peak_inflight, len(self._inflight))
         try:
-            hang = any(_matches(request.request_id, p) for p in self.config.hang_prefixes)
+            hang = any(matches_prefix(request.request_id, p) for p in self.config.hang_prefixes)
             delay = max(t for _, t in samples) * self.config.token_latency_s
             if hang:
                 await aborted.wait()
@@ -163,7 +159,7 @@ class ScriptedBackend(GenerationBackend, RewardBackend):
         )
 
     async def abort(self, prefix: str) -> int:
-        hits = [rid for rid in self._inflight if _matches(rid, prefix)]
+        hits = [rid for rid in self._inflight if matches_prefix(rid, prefix)]
         for rid in hits:
             self._inflight[rid].set()
         self.num_aborted += len(hits)

@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix, sample_seed
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Capabilities,
@@ -63,8 +63,6 @@ from spec_tot.requests import (
 
 from ._common import (
     aborted_result,
-    matches_prefix,
-    sample_seed,
     split_http_options,
     sse_events,
 )

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters._sim_config import PRESETS, SimConfig
 from spec_tot.adapters._sim_loop import SimEngine, SimSeq, VirtualTimeLoop, run_virtual
-from spec_tot.backends import GenerationBackend, RewardBackend
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError
+from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -64,10 +64,6 @@ class _Sample:
     tokens: int
     finish: FinishReason
     shared: int  # CD collision: leading tokens it would share with a sibling's sample
-
-
-def _matches(request_id: str, prefix: str) -> bool:
-    return request_id == prefix or request_id.startswith(prefix + "/")
 
 
 class SimBackend(GenerationBackend, RewardBackend):
@@ -243,7 +239,7 @@ class SimBackend(GenerationBackend, RewardBackend):
         return GenerateResult(request.request_id, tuple(completions), prompt_tokens=prompt_tokens)
 
     async def abort(self, prefix: str) -> int:
-        hits = [rid for rid in self._requests if _matches(rid, prefix)]
+        hits = [rid for rid in self._requests if matches_prefix(rid, prefix)]
         for rid in hits:
             for seq in self._requests.pop(rid):  # frees KV now; the caller resumes next tick
                 self.engine.remove(seq)

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
-from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, run_sync
+from spec_tot._private.threads import run_sync
+from spec_tot.backends import GenerationBackend, RewardBackend, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink

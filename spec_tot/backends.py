@@ -8,7 +8,6 @@ entry points (group ``spec_tot.backends``), which ``default_registry()`` reads, 
 
 from __future__ import annotations
 
-import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,33 @@ __all__ = [
     "GenerationBackend",
     "RewardBackend",
     "default_registry",
-    "run_sync",
+    "matches_prefix",
+    "sample_seed",
+    "seed_mix",
 ]
+
+
+def matches_prefix(request_id: str, prefix: str) -> bool:
+    """The abort contract's subtree test: ``request_id`` is ``prefix`` itself or a path below
+    it (``prefix + "/..."``), never a mere string prefix (``q1`` does not cover ``q10``)."""
+    return request_id == prefix or request_id.startswith(prefix + "/")
+
+
+_MASK63 = (1 << 63) - 1
+
+
+def seed_mix(seed: int, index: int) -> int:
+    """The fixed mix of a request's seed and a sample's index: what seeds sample ``index``'s
+    own random stream, independent of batching. Within a signed 64-bit int (SGLang's
+    ``sampling_seed`` range)."""
+    return ((seed & _MASK63) * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _MASK63
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """Seed of sample ``index`` when a request's n samples travel as n one-sample requests:
+    sample 0 keeps the request's seed (so n = 1 is the request itself), the others get
+    ``seed_mix``."""
+    return seed if index == 0 else seed_mix(seed, index)
 
 
 class GenerationBackend(ABC):
@@ -38,7 +62,9 @@ class GenerationBackend(ABC):
     - Cancelling the awaiting task must abort the request on the backend: a cancelled caller
       leaves no in-flight request behind.
     - ``abort(prefix)`` aborts every in-flight request whose id equals ``prefix`` or starts
-      with ``prefix + "/"``; it returns how many it aborted.
+      with ``prefix + "/"`` (``matches_prefix``); it returns how many it aborted.
+    - A request's n samples are independent streams: a backend that splits them into n
+      one-sample requests seeds sample ``i`` with ``sample_seed(seed, i)``.
     - ``num_inflight`` is the number of requests accepted and not yet finished.
     """
 
@@ -180,12 +206,3 @@ def default_registry() -> BackendRegistry:
     for name, target in declared(BACKEND_ENTRY_POINTS, _BUILT_IN, warn=True).items():
         registry.register(name, target)
     return registry
-
-
-def run_sync(coro: Any) -> Any:
-    """Run a coroutine from sync code; refuses inside a running loop (use the async twin)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    raise RuntimeError("called a sync method inside a running event loop; use its async twin")

@@ -39,7 +39,7 @@ from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import ConfigDict, Field
 
 from spec_tot._private.runnable import event_payload
-from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
+from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.app import ToTApp, ToTResult
 from spec_tot.chat_common import cut_at_stop, last_chunk, last_human_text, ls_params, usage
 from spec_tot.errors import ConfigError, ExecutionError, QueryTimeoutError
@@ -205,9 +205,7 @@ class ToTChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         name = kwargs.get("model", self.model_name)
-        return run_in_thread_if_needed(
-            self._collect(messages, stop, _run_dispatch(run_manager), name)
-        )
+        return run_sync(self._collect(messages, stop, _run_dispatch(run_manager), name))
 
     # LangChain's stream/astream call _stream/_astream without the run's callback manager;
     # a handler added for the call learns the run id, so search events still go to the

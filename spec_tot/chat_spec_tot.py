@@ -33,13 +33,13 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from spec_tot._private.compiled import stable_seed
-from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
+from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
 from spec_tot.branch import BranchContext, current_branch
 from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for
+from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Completion,
     FinishReason,
@@ -278,7 +278,7 @@ class ChatSpecTot(BaseChatModel):
         loop = _branch_loop()
         if loop is not None:
             return asyncio.run_coroutine_threadsafe(coro, loop).result()
-        return run_in_thread_if_needed(coro)
+        return run_sync(coro)
 
     def streams(self) -> bool:
         """Whether calls stream token by token: the backend streams

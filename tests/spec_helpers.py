@@ -16,13 +16,13 @@ from typing import Any
 from unittest import mock
 
 import spec_tot.executor.batch
-from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
 from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
 from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.executor.rewards import RewardRouter
+from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
 from spec_tot.metrics import MetricsRecorder

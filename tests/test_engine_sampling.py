@@ -10,7 +10,8 @@ from engine_fixtures import make_engine, run_all, tiny_llama
 from scipy.stats import chisquare
 
 from spec_tot.adapters.local.sampler import Sampler
-from spec_tot.adapters.local.sequence import Member, RequestState, Sequence, member_seed
+from spec_tot.adapters.local.sequence import Member, RequestState, Sequence
+from spec_tot.backends import seed_mix
 from spec_tot.requests import GenerateRequest, Priority, SamplingParams
 
 __all__ = ["make_engine", "tiny_llama"]
@@ -21,7 +22,7 @@ LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
 
 
 def _generators(seed: int, n: int) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(member_seed(seed, i)) for i in range(n)]
+    return [torch.Generator().manual_seed(seed_mix(seed, i)) for i in range(n)]
 
 
 def _seq(params: SamplingParams, generators: list[torch.Generator | None]) -> Sequence:

@@ -26,7 +26,6 @@ from spec_helpers import (
     toy_graph,
 )
 
-from spec_tot._private.compiled import stable_seed
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.adapters.sim import run_virtual
 from spec_tot.config import LazyVerification
@@ -34,6 +33,7 @@ from spec_tot.errors import ConfigError
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.pruning import early_prune_threshold
 from spec_tot.executor.rewards import RewardRouter, calibrated_lv
+from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import Capabilities, RewardItem

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextvars import ContextVar
 
-from spec_tot._private.threads import iterate_in_thread, run_in_thread_if_needed
+from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.adapters.scripted import ScriptedBackend
 from spec_tot.branch import BranchContext, current_branch
 from spec_tot.chat_spec_tot import ChatSpecTot
@@ -27,7 +27,7 @@ async def _reads() -> AsyncIterator[str | None]:
 async def test_the_worker_thread_fallback_sees_the_callers_context() -> None:
     token = _probe.set("caller")
     try:
-        assert run_in_thread_if_needed(_read()) == "caller"  # a loop runs: a worker thread
+        assert run_sync(_read()) == "caller"  # a loop runs: a worker thread
         assert list(iterate_in_thread(_reads())) == ["caller"]
     finally:
         _probe.reset(token)

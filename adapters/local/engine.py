@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from spec_tot.backends import matches_prefix
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from .block_manager import BlockManager
@@ -161,7 +162,7 @@ class LLMEngine:
     def abort(self, prefix: str) -> list[GenerateResult]:
         """Abort requests whose id is ``prefix`` or starts with ``prefix + "/"``; their blocks
         are freed now. Returns their (partial) results."""
-        ids = {r for r in self.requests if r == prefix or r.startswith(prefix + "/")}
+        ids = {r for r in self.requests if matches_prefix(r, prefix)}
         return self._abort_ids(ids)
 
     def abort_all(self) -> list[GenerateResult]:

@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from spec_tot.backends import seed_mix
 from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest
 
 from .config import EngineConfig
 from .scheduler import Scheduler
-from .sequence import Member, RequestState, Sequence, SequenceStatus, member_seed
+from .sequence import Member, RequestState, Sequence, SequenceStatus
 from .synthetic import synthetic_step_len
 from .validate import RequestValidator
 
@@ -66,7 +67,7 @@ class Intake:
         syn = self.config.synthetic
         members = []
         for i in range(request.n):
-            gen = None if params.greedy else torch.Generator().manual_seed(member_seed(seed, i))
+            gen = None if params.greedy else torch.Generator().manual_seed(seed_mix(seed, i))
             target = synthetic_step_len(syn, request.request_id, i) if syn else 0
             members.append(Member(state, i, gen, target))
         self.requests[request.request_id] = state

@@ -29,18 +29,11 @@ __all__ = [
     "ScheduledRow",
     "Sequence",
     "SequenceStatus",
-    "member_seed",
 ]
 
-_MASK63 = (1 << 63) - 1
 # Uniforms drawn per refill of a member's buffer: ``torch.rand(k)`` yields exactly the values
 # of k successive ``torch.rand(1)`` calls, so the stream is the same, at 1/k of the calls.
 _UNIFORM_BLOCK = 32
-
-
-def member_seed(request_seed: int, index: int) -> int:
-    """Seed of member ``index`` of a request: a fixed mix of both, independent of batching."""
-    return ((request_seed & _MASK63) * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _MASK63
 
 
 class SequenceStatus(Enum):

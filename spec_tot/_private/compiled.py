@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -15,14 +14,7 @@ from spec_tot.nodes import END, START, ConditionalEdge, GraphNode, NodeKind, Sta
 if TYPE_CHECKING:
     from spec_tot.graph import ThoughtGraph
 
-__all__ = ["CompiledGraph", "apply_update", "maybe_await", "stable_seed"]
-
-
-def stable_seed(base: int, key: str) -> int:
-    """A seed that depends only on ``base`` and ``key`` (never on Python's hash salt), so a
-    node's sample is the same in every run and every executor mode."""
-    digest = hashlib.blake2b(f"{base}:{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+__all__ = ["CompiledGraph", "apply_update", "maybe_await"]
 
 
 def apply_update(state: State, update: Mapping[str, Any] | None, node: str) -> State:

@@ -1,4 +1,9 @@
-"""Sync twins of async runs, usable where an event loop is already running (notebooks)."""
+"""Sync twins of async runs, usable where an event loop is already running (notebooks).
+
+``run_sync`` is the one bridge every sync method of a Runnable here goes through (``ToTApp``,
+the chat models, the LangGraph app): with no loop running it is ``asyncio.run``; inside one it
+runs the coroutine on a fresh loop in a worker thread, so a notebook cell can call
+``invoke``."""
 
 from __future__ import annotations
 
@@ -10,13 +15,13 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "iterate_in_thread", "run_in_thread_if_needed"]
+__all__ = ["LoopThread", "iterate_in_thread", "run_sync"]
 
 T = TypeVar("T")
 _DONE = object()
 
 
-def run_in_thread_if_needed(coro: Coroutine[Any, Any, T]) -> T:
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coro)``; inside a running loop, on a fresh loop in a worker thread,
     in a copy of the caller's context (a branch's ``current_branch`` goes with it)."""
     try:

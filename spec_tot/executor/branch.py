@@ -16,6 +16,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from spec_tot.backends import matches_prefix
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.segment import Cancelled, Memo, Replay, Segment
 from spec_tot.nodes import State
@@ -195,7 +196,7 @@ class BranchRunner:
         # A detached node of the same id may still be ending, or its abort on its way: a
         # request with this id must not start before both are done.
         waits: set[asyncio.Future[Any]] = {
-            t for t, prefix in self._aborts.items() if _covers(prefix, node.id)
+            t for t, prefix in self._aborts.items() if matches_prefix(node.id, prefix)
         }
         if before is not None:
             waits.add(before)
@@ -259,7 +260,3 @@ class BranchRunner:
             await asyncio.gather(*self._aborts, return_exceptions=True)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _covers(prefix: str, node_id: str) -> bool:
-    return node_id == prefix or node_id.startswith(prefix + "/")

@@ -10,12 +10,19 @@ runtime that wants the executor's samples (a LangGraph run of the same graph) us
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from spec_tot._private.compiled import stable_seed
 from spec_tot.nodes import State
 
-__all__ = ["query_seed", "request_seed", "seed_key"]
+__all__ = ["query_seed", "request_seed", "seed_below", "seed_key", "stable_seed"]
+
+
+def stable_seed(base: int, key: str) -> int:
+    """A seed that depends only on ``base`` and ``key`` (never on Python's hash salt), so a
+    node's sample is the same in every run and every executor mode."""
+    digest = hashlib.blake2b(f"{base}:{key}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
 
 
 def seed_key(state: State, explicit_id: str | None) -> str:

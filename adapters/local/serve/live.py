@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from spec_tot.backends import matches_prefix
 from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest, GenerateResult
 
@@ -46,7 +47,7 @@ def _outermost(prefixes: Iterable[str]) -> list[str]:
     """``prefixes`` without those another one already covers (``a/b`` under ``a``)."""
     kept: list[str] = []
     for prefix in sorted(set(prefixes)):
-        if not any(prefix == k or prefix.startswith(k + "/") for k in kept):
+        if not any(matches_prefix(prefix, k) for k in kept):
             kept.append(prefix)
     return kept
 

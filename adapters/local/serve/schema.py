@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from spec_tot.backends import sample_seed
 from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest, Priority, SamplingParams, check_text
 
-from ..._common import sample_seed
 from .fields import (
     Inert,
     check_known,
