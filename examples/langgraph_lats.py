@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from spec_tot.adapters.scripted_chat import ScriptedChatModel, render, stable_unit
-from spec_tot.branch import current_branch
+from spec_tot.branch_context import current_branch
 from spec_tot.langgraph import from_langgraph
 
 

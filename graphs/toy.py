@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from spec_tot._private.programs import Program
 from spec_tot.app import ToTApp
 from spec_tot.graph import END, START, State, ThoughtGraph
+from spec_tot.programs import Program
 from spec_tot.requests import SamplingParams
 
 __all__ = ["ANSWER_PREFIX", "PROGRAM", "build_toy_graph", "compile_toy", "toy_questions"]

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spec_tot._private.programs import Program, load_program
 from spec_tot.backends import BackendRegistry, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, SpecTotError, UnknownNameError
 from spec_tot.policies import create_policy
+from spec_tot.programs import Program, load_program
 
 __all__ = [
     "BACKEND_OPTION_SCHEMAS",

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import Runnable, RunnableConfig
 
 from spec_tot._private.compiled import CompiledGraph
+from spec_tot._private.runnable import ChainRuns, configured_app
 from spec_tot._private.threads import run_sync
 from spec_tot.backends import GenerationBackend, RewardBackend, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
-from spec_tot.executor.batch import Program, run_queries
-from spec_tot.executor.hub import QueryInput, hub_for
+from spec_tot.executor.hub import BackendHub, QueryInput, hub_for
+from spec_tot.executor.run_queries import RunSpec, run_queries
 from spec_tot.nodes import State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
@@ -150,22 +151,30 @@ class ToTApp(Runnable[Any, ToTResult]):
         """Run queries concurrently on one backend; one's failure never stops the others.
         ``on_result`` is called as each query finishes (progress bars); ``on_event`` gets
         every search event (``spec_tot.events.ToTEvent``) as it happens."""
-        queries = self._prepare([self.input_to_state(value) for value in inputs])
-        return await self._run(queries, max_concurrency, on_result, on_event)
+        hub = hub_for(self.backend)
+        queries = self._reserve(hub, inputs)
+        return await self._run(hub, queries, max_concurrency, on_result, on_event)
+
+    def _reserve(self, hub: BackendHub, inputs: Sequence[Any]) -> list[QueryInput]:
+        """Reserve the queries' ids on the backend (explicit ones checked, the others
+        ``q<n>``) before any query starts: a concurrent batch, app or call on the same
+        backend cannot reuse one while it is queued or running."""
+        return hub.reserve([self.input_to_state(value) for value in inputs])
 
     async def _run(
         self,
+        hub: BackendHub,
         queries: list[QueryInput],
         max_concurrency: int | None,
         on_result: Callable[[ToTResult], None] | None,
         on_event: EventSink | None,
     ) -> BatchResult:
         """Run reserved queries; their ids are released as each ends."""
-        hub = hub_for(self.backend)
-        program = Program(
+        run_spec = RunSpec(
             self.graph,
             self.policy_factory,
             self.backend,
+            hub,
             self.reward_scorer,
             self.config,
             self.answer_fn,
@@ -173,7 +182,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         try:
             return await run_queries(
-                program,
+                run_spec,
                 queries,
                 max_concurrency=max_concurrency or self.config.max_concurrency,
                 on_result=on_result,
@@ -199,17 +208,12 @@ class ToTApp(Runnable[Any, ToTResult]):
         )
         return result
 
-    def _prepare(self, states: list[State]) -> list[QueryInput]:
-        """Reserve the queries' ids on the backend (explicit ones checked, the others
-        ``q<n>``) before any query starts: a concurrent batch, app or call on the same
-        backend cannot reuse one while it is queued or running."""
-        return hub_for(self.backend).reserve(states)
-
     # -- Runnable -----------------------------------------------------------------------------
     # RunnableConfig is honoured: callbacks/tags/metadata/run_name/run_id (one chain run per
     # query, search events as custom events), max_concurrency, configurable["spec_tot"]
     # (ExecutorConfig overrides) and an explicit recursion_limit (tree depth bound); see
-    # spec_tot._private.runnable. stream/astream/astream_events are Runnable's own, on top.
+    # spec_tot._private.runnable for its pieces (the run path is ``_configured``, here).
+    # stream/astream/astream_events are Runnable's own, on top.
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> ToTResult:
         result: ToTResult = run_sync(self.ainvoke(input, config, **kwargs))
         return result
@@ -252,9 +256,25 @@ class ToTApp(Runnable[Any, ToTResult]):
     async def _configured(
         self, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
     ) -> list[ToTResult]:
-        from spec_tot._private.runnable import arun_configured
-
-        return await arun_configured(self, inputs, configs)
+        """One batch run over ``inputs`` (shared batching), one chain run per input, events
+        routed to their query's run. The first config's executor settings apply to the whole
+        batch. The query ids are reserved up front (events need them) and released at the
+        end."""
+        app = configured_app(self, configs[0] if configs else None)
+        hub = hub_for(app.backend)
+        queries = app._reserve(hub, inputs)
+        try:
+            runs = await ChainRuns.start(self.get_name(), inputs, queries, configs)
+            limit = next((c.get("max_concurrency") for c in configs if c), None)
+            try:
+                batch = await app._run(hub, queries, limit, None, runs.pump)
+            except BaseException as exc:
+                await runs.fail(exc)
+                raise
+            await runs.end(batch.results)
+            return batch.results
+        finally:
+            hub.release(q.query_id for q in queries)
 
     async def aclose(self) -> None:
         if self._backend is not None:

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spec_tot._private.plugins import declared, load_target
 from spec_tot.errors import ConfigError, UnknownNameError
+from spec_tot.plugins import declared, load_target
 from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, RewardItem
 
 __all__ = [

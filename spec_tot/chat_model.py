@@ -38,7 +38,6 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import ConfigDict, Field
 
-from spec_tot._private.runnable import event_payload
 from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.app import ToTApp, ToTResult
 from spec_tot.chat_common import cut_at_stop, last_chunk, last_human_text, ls_params, usage
@@ -108,7 +107,7 @@ class ToTChatModel(BaseChatModel):
                     continue
                 event = getter.result()
                 if dispatch is not None:
-                    await dispatch(event.kind, event_payload(event))
+                    await dispatch(event.kind, event.payload())
                 yield event
             try:
                 batch = task.result()
@@ -165,7 +164,7 @@ class ToTChatModel(BaseChatModel):
         async for item in self._search(messages, dispatch):
             if isinstance(item, ToTEvent):
                 if self.progress:
-                    payload = {"event": item.kind, **event_payload(item)}
+                    payload = {"event": item.kind, **item.payload()}
                     chunk = AIMessageChunk(
                         content="", additional_kwargs={"spec_tot_events": [payload]}
                     )

@@ -2,8 +2,8 @@
 
 Put it in a LangGraph node (``prompt | ChatSpecTot(backend=...)``) and run the graph with
 ``from_langgraph``: calls made inside a branch carry the branch's identity
-(``spec_tot.branch.current_branch``), so each request gets a hierarchical id under the branch
-(a cancelled speculative branch is aborted on the engine by prefix) and the branch's
+(``spec_tot.branch_context.current_branch``), so each request gets a hierarchical id under
+the branch (a cancelled speculative branch is aborted on the engine by prefix) and the branch's
 priority (the engine serves committed work first). Outside a branch a call is committed work
 with an id of its own.
 
@@ -35,7 +35,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
-from spec_tot.branch import BranchContext, current_branch
+from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for

@@ -34,9 +34,9 @@ from spec_tot._cli_checks import (
 )
 from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
-from spec_tot._private.programs import load_program
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
+from spec_tot.programs import load_program
 
 __all__ = ["API_KEY_ENV", "app", "main"]
 

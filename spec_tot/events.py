@@ -24,5 +24,15 @@ class ToTEvent:
     speculative: bool = False
     data: Mapping[str, Any] = field(default_factory=dict)
 
+    def payload(self) -> dict[str, Any]:
+        """The event as the dict that LangChain custom events and LangGraph's ``custom``
+        stream carry (its kind is the event's name there)."""
+        return {
+            "query_id": self.query_id,
+            "node_id": self.node_id,
+            "speculative": self.speculative,
+            **self.data,
+        }
+
 
 EventSink = Callable[[ToTEvent], None]

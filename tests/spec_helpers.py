@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-import spec_tot.executor.batch
+import spec_tot.executor.run_queries
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
 from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
-from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.executor.rewards import RewardRouter
 from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import END, START, State, ThoughtGraph
@@ -306,7 +306,7 @@ def fingerprint(result: ToTResult) -> Fingerprint:
 
 # -- live trees and tool calls ---------------------------------------------------------------
 class TreeRegistry:
-    """Patches ``spec_tot.executor.batch.SearchTree`` so that every query's live tree is
+    """Patches ``spec_tot.executor.run_queries.SearchTree`` so that every query's live tree is
     reachable by query id while the query runs (the tool recorder looks branches up there)."""
 
     def __init__(self) -> None:
@@ -321,7 +321,7 @@ class TreeRegistry:
                 super().__init__(*args, **kwargs)
                 registry.trees[self.query_id] = self
 
-        with mock.patch.object(spec_tot.executor.batch, "SearchTree", RegisteredTree):
+        with mock.patch.object(spec_tot.executor.run_queries, "SearchTree", RegisteredTree):
             yield self
 
 

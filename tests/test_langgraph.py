@@ -16,7 +16,7 @@ from langgraph.types import Send
 from lg_examples import eager, lats, lats_answer, puzzles, tot, tot_answer
 from typing_extensions import TypedDict
 
-from spec_tot.branch import current_branch
+from spec_tot.branch_context import current_branch
 from spec_tot.langgraph import arun, from_langgraph, speculation_of
 from spec_tot.langgraph.adoption import speculating
 

@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from spec_tot.policies._common import Outstanding, allocate, softmax, vote_answer
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.outstanding import Outstanding
+from spec_tot.policies.ranking import allocate, softmax, vote_answer
 from spec_tot.tree import NodeStatus, SearchTree
 
 

@@ -23,7 +23,7 @@ from spec_helpers import (
 
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.backends import RewardBackend
-from spec_tot.executor.scores import check_score
+from spec_tot.executor.reward_scorer import check_score
 from spec_tot.graph import END, START, ThoughtGraph
 from spec_tot.requests import RewardItem
 

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 
 from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.adapters.scripted import ScriptedBackend
-from spec_tot.branch import BranchContext, current_branch
+from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.chat_spec_tot import ChatSpecTot
 
 _probe: ContextVar[str | None] = ContextVar("probe", default=None)

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from spec_tot._private.plugins import load_target
 from spec_tot.errors import BackendError, ConfigError
+from spec_tot.plugins import load_target
 
 from .calibrate import CalibrationCache, calibrate_engine, calibrate_prm
 from .messages import (

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spec_tot._private.plugins import load_target
 from spec_tot.errors import ConfigError
+from spec_tot.plugins import load_target
 
 __all__ = [
     "DraftContext",

@@ -35,15 +35,15 @@ from spec_tot.tree import Node, SearchTree
 
 if TYPE_CHECKING:
     from spec_tot.app import ToTApp
+    from spec_tot.executor.hub import QueryInput
     from spec_tot.results import ToTResult
 
 __all__ = [
     "CONFIGURABLE_KEY",
+    "ChainRuns",
     "DepthBound",
     "EventPump",
-    "arun_configured",
     "configured_app",
-    "event_payload",
 ]
 
 CONFIGURABLE_KEY = "spec_tot"
@@ -121,15 +121,6 @@ def configured_app(app: ToTApp, config: Mapping[str, Any] | None) -> ToTApp:
     return out
 
 
-def event_payload(event: ToTEvent) -> dict[str, Any]:
-    return {
-        "query_id": event.query_id,
-        "node_id": event.node_id,
-        "speculative": event.speculative,
-        **event.data,
-    }
-
-
 class EventPump:
     """A sync ``on_event`` sink that forwards each event, in order, as a LangChain custom
     event under the run of its query, and to LangGraph's stream writer when the app runs as
@@ -165,7 +156,7 @@ class EventPump:
             if bound is None:
                 continue
             _run, config = bound
-            payload = event_payload(event)
+            payload = event.payload()
             await adispatch_custom_event(event.kind, payload, config=config)
             if self._writer is not None:
                 self._writer({"event": event.kind, **payload})
@@ -184,41 +175,41 @@ def _langgraph_stream_writer() -> Callable[[Any], None] | None:
     return writer
 
 
-async def arun_configured(
-    app: ToTApp, inputs: Sequence[Any], configs: Sequence[RunnableConfig | None]
-) -> list[ToTResult]:
-    """One batch run over ``inputs`` (shared batching), one chain run per input, events
-    routed to their query's run. The first config's executor settings apply to the whole
-    batch. The query ids are reserved up front (events need them) and released at the end."""
-    from spec_tot.executor.hub import hub_for
+class ChainRuns:
+    """One LangChain chain run per query of a call, its search events forwarded to that run
+    (``EventPump``): started before the batch, ended with each query's result, or all
+    failed with the batch's exception."""
 
-    configured = configured_app(app, configs[0] if configs else None)
-    queries = app._prepare([configured.input_to_state(value) for value in inputs])
-    try:
+    def __init__(self, pump: EventPump, runs: list[AsyncCallbackManagerForChainRun]) -> None:
+        self.pump = pump
+        self._runs = runs
+
+    @classmethod
+    async def start(
+        cls,
+        name: str,
+        inputs: Sequence[Any],
+        queries: Sequence[QueryInput],
+        configs: Sequence[RunnableConfig | None],
+    ) -> ChainRuns:
         pump, runs = EventPump(), []
         for value, query, raw in zip(inputs, queries, configs, strict=True):
             cfg = ensure_config(raw)
             manager = get_async_callback_manager_for_config(cfg)
             run = await manager.on_chain_start(
-                None,
-                value,
-                name=cfg.get("run_name") or app.get_name(),
-                run_id=cfg.pop("run_id", None),
+                None, value, name=cfg.get("run_name") or name, run_id=cfg.pop("run_id", None)
             )
             pump.bind(query.query_id, run, cfg)
             runs.append(run)
-        limit = next((c.get("max_concurrency") for c in configs if c), None)
         pump.start()
-        try:
-            batch = await configured._run(queries, limit, None, pump)
-        except BaseException as exc:
-            await pump.stop()
-            for run in runs:
-                await run.on_chain_error(exc)
-            raise
-        await pump.stop()
-        for run, result in zip(runs, batch.results, strict=True):
+        return cls(pump, runs)
+
+    async def end(self, results: Sequence[ToTResult]) -> None:
+        await self.pump.stop()
+        for run, result in zip(self._runs, results, strict=True):
             await run.on_chain_end(result)
-        return batch.results
-    finally:
-        hub_for(app.backend).release(q.query_id for q in queries)
+
+    async def fail(self, exc: BaseException) -> None:
+        await self.pump.stop()
+        for run in self._runs:
+            await run.on_chain_error(exc)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spec_tot.errors import ExecutionError
-from spec_tot.executor.branch import BranchRunner
+from spec_tot.executor.branch_runner import BranchRunner
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord

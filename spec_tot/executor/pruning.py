@@ -11,7 +11,7 @@ from spec_tot.policies.base import Expansion
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 if TYPE_CHECKING:
-    from spec_tot.executor.branch import BranchRunner
+    from spec_tot.executor.branch_runner import BranchRunner
     from spec_tot.executor.context import QueryContext
 
 __all__ = ["discard_unselected", "early_prune", "early_prune_threshold", "should_terminate"]

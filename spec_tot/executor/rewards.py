@@ -1,5 +1,5 @@
 """The reward router: branches waiting at reward nodes hand their items here; a ``BatchRule``
-(``spec_tot.executor.batching``) decides when each queue is scored, and the router runs the
+(``spec_tot.executor.reward_rules``) decides when each queue is scored, and the router runs the
 batches, normalises the scores and hands each one back to its branch.
 
 Scores are normalised to a tuple of per-step floats.
@@ -15,9 +15,9 @@ from typing import Any
 from spec_tot.backends import RewardBackend
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ExecutionError
-from spec_tot.executor.batching import BatchRule, Pending, Queue
-from spec_tot.executor.calls import ScoreCalls
-from spec_tot.executor.scores import Scorer
+from spec_tot.executor.reward_calls import ScoreCalls
+from spec_tot.executor.reward_rules import BatchRule, Pending, Queue
+from spec_tot.executor.reward_scorer import Scorer
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import GraphNode, State
 from spec_tot.requests import Capabilities, RewardItem

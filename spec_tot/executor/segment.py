@@ -24,7 +24,7 @@ from spec_tot.requests import FinishReason, GenerateRequest, Priority, RewardIte
 from spec_tot.tree import Node, aggregate_scores, predicted_reward
 
 if TYPE_CHECKING:
-    from spec_tot.executor.branch import BranchRunner
+    from spec_tot.executor.branch_runner import BranchRunner
 
 __all__ = ["Cancelled", "Memo", "Replay", "Segment"]
 

@@ -11,7 +11,7 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spec_tot.branch import BranchContext
+from spec_tot.branch_context import BranchContext
 from spec_tot.langgraph._pregel import PregelExecutableTask, sends_in
 from spec_tot.langgraph.replay import EventLog
 from spec_tot.langgraph.roles import NodeRole

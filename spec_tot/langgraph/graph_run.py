@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import RunnableConfig
 
 from spec_tot._private.threads import LoopThread
-from spec_tot.branch import BranchContext, current_branch
+from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.langgraph._pregel import (
     PregelExecutableTask,
     PregelLoop,

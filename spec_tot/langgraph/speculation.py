@@ -28,7 +28,7 @@ from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 
-from spec_tot.branch import BranchContext, current_branch
+from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.langgraph._pregel import PregelExecutableTask, World, arun_task
 from spec_tot.langgraph.adoption import speculating
 from spec_tot.langgraph.entries import Entry, EntryTable, SendOwners, match_key

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from spec_tot._private.plugins import declared, load_target
 from spec_tot.errors import ConfigError, UnknownNameError
+from spec_tot.plugins import declared, load_target
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
 
 __all__ = [

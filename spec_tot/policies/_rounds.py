@@ -9,16 +9,10 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Sequence
 
-from spec_tot.policies._common import (
-    Outstanding,
-    Vote,
-    check_aggregation,
-    check_positive,
-    check_vote,
-    fit_budget,
-    vote_answer,
-)
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
+from spec_tot.policies.checks import check_aggregation, check_positive, check_vote
+from spec_tot.policies.outstanding import Outstanding
+from spec_tot.policies.ranking import Vote, fit_budget, vote_answer
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["RoundPolicy"]

@@ -16,9 +16,10 @@ likelier it stays in the top k.
 
 from __future__ import annotations
 
-from spec_tot.policies._common import check_beam_shape, rank
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.checks import check_beam_shape
+from spec_tot.policies.ranking import rank
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["BeamSearch"]

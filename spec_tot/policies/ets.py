@@ -36,8 +36,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from spec_tot.errors import ConfigError
-from spec_tot.policies._common import allocate, check_nonnegative, rank, softmax
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.checks import check_nonnegative
+from spec_tot.policies.ranking import allocate, rank, softmax
 from spec_tot.policies.rebase import Rebase
 from spec_tot.tree import Node, SearchTree
 

@@ -29,17 +29,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from spec_tot.policies._common import (
-    Outstanding,
-    Vote,
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
+from spec_tot.policies.checks import (
     check_aggregation,
     check_nonnegative,
     check_positive,
     check_vote,
-    feed_known,
-    vote_answer,
 )
-from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
+from spec_tot.policies.outstanding import Outstanding, feed_known
+from spec_tot.policies.ranking import Vote, vote_answer
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["MCTS", "RStarMCTS"]

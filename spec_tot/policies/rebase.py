@@ -16,15 +16,10 @@ its softmax), utility ``p_i`` per level.
 
 from __future__ import annotations
 
-from spec_tot.policies._common import (
-    allocate,
-    check_positive,
-    check_positive_float,
-    rank,
-    softmax,
-)
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.checks import check_positive, check_positive_float
+from spec_tot.policies.ranking import allocate, rank, softmax
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["Rebase"]

@@ -8,15 +8,10 @@ import math
 from collections.abc import Sequence
 
 from spec_tot.errors import ConfigError
-from spec_tot.policies._common import (
-    check_finite,
-    check_nonnegative,
-    check_range,
-    rank,
-    vote_answer,
-)
 from spec_tot.policies.base import Answer, Expansion
+from spec_tot.policies.checks import check_finite, check_nonnegative, check_range
 from spec_tot.policies.mcts import MCTS
+from spec_tot.policies.ranking import rank, vote_answer
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["RestMCTS"]

@@ -10,9 +10,10 @@ with utility ``(breadth - rank) / breadth``.
 
 from __future__ import annotations
 
-from spec_tot.policies._common import check_positive, rank
 from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.checks import check_positive
+from spec_tot.policies.ranking import rank
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["ToTBFS"]

@@ -17,18 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from spec_tot.errors import ConfigError
-from spec_tot.policies._common import (
-    Outstanding,
-    Vote,
-    check_aggregation,
-    check_finite,
-    check_positive,
-    check_vote,
-    feed_known,
-    rank,
-    vote_answer,
-)
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
+from spec_tot.policies.checks import check_aggregation, check_finite, check_positive, check_vote
+from spec_tot.policies.outstanding import Outstanding, feed_known
+from spec_tot.policies.ranking import Vote, rank, vote_answer
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
 __all__ = ["ToTDFS"]

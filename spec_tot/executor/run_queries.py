@@ -17,11 +17,11 @@ from spec_tot._private.compiled import CompiledGraph
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig
 from spec_tot.events import EventSink
-from spec_tot.executor.batching import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, record_for
-from spec_tot.executor.hub import QueryInput, hub_for
+from spec_tot.executor.hub import BackendHub, QueryInput
+from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
 from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import query_seed
 from spec_tot.metrics import MetricsRecorder
@@ -30,30 +30,31 @@ from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult
 from spec_tot.tree import SearchTree
 
-__all__ = ["Program", "run_queries"]
+__all__ = ["RunSpec", "run_queries"]
 
 
 @dataclass(frozen=True, slots=True)
-class Program:
+class RunSpec:
     """What a batch needs of a compiled app."""
 
     graph: CompiledGraph
     policy_factory: Callable[[], SearchPolicy]
     backend: GenerationBackend
+    hub: BackendHub  # the backend's (looked up once per call, by the caller)
     reward: Any  # the default scorer (RewardBackend, callable or None)
     config: ExecutorConfig
     answer_fn: Callable[[State], str | None]
     check: Callable[[State, str | None], bool] | None
 
 
-def _batch_rule(program: Program, budget: SpeculationBudget) -> BatchRule:
-    config = program.config
+def _batch_rule(run_spec: RunSpec, budget: SpeculationBudget) -> BatchRule:
+    config = run_spec.config
     spec = config.speculation
     if spec.round_rewards:
         return RoundRule()
     if spec.lv is None:
         return EagerRule()
-    caps = program.backend.capabilities
+    caps = run_spec.backend.capabilities
     lv = calibrated_lv(spec.lv, config.speculation_overrides.get("lv"), caps)
     capacity = caps.saturation_batch
     busy = None
@@ -66,7 +67,7 @@ def _batch_rule(program: Program, budget: SpeculationBudget) -> BatchRule:
 
 
 async def run_queries(
-    program: Program,
+    run_spec: RunSpec,
     queries: Sequence[QueryInput],
     *,
     max_concurrency: int,
@@ -76,18 +77,18 @@ async def run_queries(
 ) -> BatchResult:
     """Run ``queries`` concurrently (at most ``max_concurrency`` at once); one's failure
     never stops the others. ``release(query_id)`` is called as each one ends."""
-    config = program.config
+    config = run_spec.config
     recorder = MetricsRecorder(goodput_deadline_s=config.goodput_deadline_s)
-    hub = hub_for(program.backend)
+    hub = run_spec.hub
     budget, router = hub.budget, hub.router()
-    rule = _batch_rule(program, budget)
+    rule = _batch_rule(run_spec, budget)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def one(query: QueryInput) -> ToTResult:
         try:
             async with limit:
                 result = await _run_one(
-                    program, query, recorder, router, rule, budget, on_event=on_event
+                    run_spec, query, recorder, router, rule, budget, on_event=on_event
                 )
         finally:
             if release is not None:
@@ -102,12 +103,12 @@ async def run_queries(
     wall = loop.time() - started
     # CPU of the event-loop thread: the executor's own cost (engines run elsewhere).
     recorder.executor_cpu_s = time.thread_time() - cpu_started
-    peak_kv = int(program.backend.stats().get("peak_kv_blocks", 0))
+    peak_kv = int(run_spec.backend.stats().get("peak_kv_blocks", 0))
     return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
 
 
 async def _run_one(
-    program: Program,
+    run_spec: RunSpec,
     query: QueryInput,
     recorder: MetricsRecorder,
     router: RewardRouter,
@@ -116,7 +117,7 @@ async def _run_one(
     *,
     on_event: EventSink | None,
 ) -> ToTResult:
-    state, query_id, config = query.state, query.query_id, program.config
+    state, query_id, config = query.state, query.query_id, run_spec.config
     tree = SearchTree(query_id, str(state["question"]), state)
     loop = asyncio.get_running_loop()
     started = loop.time()
@@ -124,14 +125,14 @@ async def _run_one(
     errors: tuple[str, ...] = ()
     try:
         ctx = QueryContext(
-            graph=program.graph,
+            graph=run_spec.graph,
             tree=tree,
-            policy=program.policy_factory(),
-            backend=program.backend,
+            policy=run_spec.policy_factory(),
+            backend=run_spec.backend,
             rewards=router,
             recorder=recorder,
             config=config,
-            answer_fn=program.answer_fn,
+            answer_fn=run_spec.answer_fn,
             seed=query_seed(config.seed, query.seed_key),
             budget=budget,
             on_event=on_event,
@@ -141,7 +142,7 @@ async def _run_one(
             query_id,
             rule,
             recorder,
-            program.reward,
+            run_spec.reward,
             config.query_timeout_s,
             steering=controller.steering,
         )
@@ -159,7 +160,7 @@ async def _run_one(
     except Exception as exc:
         status, errors = "failed", (f"{query_id}: {type(exc).__name__}: {exc}",)
     text = answer.text if answer is not None else None
-    solved = bool(program.check(state, text)) if program.check is not None and text else False
+    solved = bool(run_spec.check(state, text)) if run_spec.check is not None and text else False
     record = record_for(tree, status, solved, loop.time() - started)
     recorder.query_finished(record)
     return ToTResult(

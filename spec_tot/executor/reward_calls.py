@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 from spec_tot.errors import ExecutionError
-from spec_tot.executor.batching import Pending
-from spec_tot.executor.scores import call_scorer, check_score, is_sync_scorer, score_range
+from spec_tot.executor.reward_rules import Pending
+from spec_tot.executor.reward_scorer import call_scorer, check_score, is_sync_scorer, score_range
 from spec_tot.metrics import MetricsRecorder
 
 __all__ = ["ScoreCalls"]
