@@ -1,5 +1,7 @@
 """The core's modules import one another without a cycle (function-level imports included;
-``if TYPE_CHECKING:`` blocks excluded, since they never run)."""
+``if TYPE_CHECKING:`` blocks excluded, since they never run), and plug-ins use public names
+only: graphs/, adapters/, examples/ and benchmarks/ never import a private module of the core
+(``spec_tot._private``, ``spec_tot._cli_checks``, ...; any import included)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 import spec_tot
 
 CORE = Path(spec_tot.__file__).parent
+REPO = Path(__file__).resolve().parents[1]
+PLUG_INS = ("graphs", "adapters", "examples", "benchmarks")
 
 
 def _module_name(path: Path) -> str:
@@ -105,3 +109,56 @@ def test_importing_spec_tot_leaves_langgraph_and_the_chat_models_unloaded() -> N
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def private_imports(source: str, own: str | None = None) -> list[str]:
+    """The modules ``source`` imports (anywhere, TYPE_CHECKING included) that are private to
+    spec-tot: a dotted path under ``spec_tot`` with a component starting with ``_``. A
+    package's own private modules (``own``, e.g. ``spec_tot.adapters``) are its business."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] != "spec_tot" or (own and (name + ".").startswith(own + ".")):
+                continue
+            if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+                found.append(name)
+    return found
+
+
+def test_plug_ins_import_no_private_module_of_the_core() -> None:
+    offenders = []
+    for folder in PLUG_INS:
+        root = REPO / folder
+        assert root.is_dir(), root
+        own = "spec_tot.adapters" if folder == "adapters" else None
+        for path in sorted(root.rglob("*.py")):
+            for name in private_imports(path.read_text(), own):
+                offenders.append(f"{path.relative_to(REPO)}: {name}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_private_import_check_finds_them() -> None:
+    assert private_imports("from spec_tot._private.threads import run_sync") == [
+        "spec_tot._private.threads",
+        "spec_tot._private.threads.run_sync",
+    ]
+    assert private_imports("import spec_tot._cli_checks as c") == ["spec_tot._cli_checks"]
+    typed = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from spec_tot._private import x"
+    )
+    assert private_imports(typed) == ["spec_tot._private", "spec_tot._private.x"]
+    assert private_imports("from spec_tot.backends import _MASK63") == ["spec_tot.backends._MASK63"]
+    own = "from spec_tot.adapters._sim_loop import SimEngine"
+    assert private_imports(own, "spec_tot.adapters") == []
+    assert private_imports(own) == [
+        "spec_tot.adapters._sim_loop",
+        "spec_tot.adapters._sim_loop.SimEngine",
+    ]
+    assert private_imports("from spec_tot.backends import matches_prefix\nimport json") == []
