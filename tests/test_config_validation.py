@@ -59,3 +59,11 @@ def test_switches_and_lv_settings_are_checked_on_their_own_too() -> None:
         LazyVerification(spec_flush=0)
     good = ExecutorConfig(mode="full", speculation_overrides={"lv": {"max_wait_s": 0.1}})
     assert good.speculation.lv is not None and good.speculation.lv.max_wait_s == 0.1
+
+
+@pytest.mark.parametrize(
+    "override", [{"lv": "fast"}, {"lv": {"bogus": 1}}, {"tau": "1"}, {"et_alpha": float("nan")}]
+)
+def test_bad_switch_values_are_config_errors(override: dict) -> None:
+    with pytest.raises(ConfigError):
+        ExecutorConfig(mode="full", speculation_overrides=override)

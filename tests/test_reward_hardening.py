@@ -15,6 +15,7 @@ from spec_helpers import (
     MODES,
     LatencyBackend,
     fingerprint,
+    inputs,
     make_app,
     prompt,
     route,
@@ -23,8 +24,10 @@ from spec_helpers import (
 
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.backends import RewardBackend
+from spec_tot.config import ExecutorConfig
 from spec_tot.executor.reward_scorer import check_score
 from spec_tot.graph import END, START, ThoughtGraph
+from spec_tot.graphs.toy import _answer, _prompt, _route
 from spec_tot.requests import RewardItem
 
 BAD = "puzzle bad"
@@ -233,3 +236,42 @@ def test_check_score_accepts_real_numbers_and_names_what_is_wrong() -> None:
             check_score(bad, item, None)
     with pytest.raises(ValueError, match="outside"):
         check_score(-0.1, item, (0.0, 1.0))
+
+
+def test_a_reward_input_that_breaks_token_counting_fails_only_its_branches() -> None:
+    graph = ThoughtGraph()
+    graph.add_thought("t", _prompt)
+    graph.add_reward(
+        "r",
+        reward_input=lambda s: (
+            None if s["steps"][-1].endswith("1") else s["question"],
+            tuple(s["steps"]),
+        ),
+    )
+    graph.add_edge(START, "t")
+    graph.add_edge("t", "r")
+    graph.add_conditional_edges("r", _route, {"more": "t", "done": END})
+    app = graph.compile(
+        backend=ScriptedBackend(),
+        search="beam",
+        search_params={"n": 4, "width": 2},
+        answer=_answer,
+        config=ExecutorConfig(query_timeout_s=5.0),
+    )
+    result = app.run_batch(["q"]).results[0]
+    assert result.status in ("ok", "failed")  # never "timeout": the round still completes
+
+
+@pytest.mark.parametrize("mode", ["naive", "specscale", "full"])
+async def test_one_querys_reward_failure_leaves_the_other_query_alone(mode: str) -> None:
+    alone = (
+        await make_app(LatencyBackend(ScriptedConfig()), "beam", mode).arun_batch(inputs("a"))
+    ).results[0]
+    backend = LatencyBackend(ScriptedConfig(fail_reward_questions=("puzzle b",)))
+    mixed = {
+        r.query_id: r
+        for r in (await make_app(backend, "beam", mode).arun_batch(inputs("a", "b"))).results
+    }
+    assert mixed["a"].status == "ok" and not mixed["a"].errors
+    assert fingerprint(mixed["a"]) == fingerprint(alone)
+    assert mixed["b"].errors

@@ -19,7 +19,7 @@ from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.seeds import request_seed, seed_key
 from spec_tot.graph import END, START, ThoughtGraph
-from spec_tot.graphs.toy import ANSWER_PREFIX, compile_toy, toy_questions
+from spec_tot.graphs.toy import ANSWER_PREFIX, _answer, _prompt, _route, compile_toy, toy_questions
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.requests import GenerateRequest, GenerateResult
@@ -624,3 +624,24 @@ async def test_auto_query_ids_never_collide_with_explicit_ones() -> None:
 
 def test_execution_error_is_runtime_error() -> None:
     assert issubclass(ExecutionError, RuntimeError)
+
+
+def test_router_loop_without_a_path_map_fails_the_query_instead_of_spinning() -> None:
+    graph = ThoughtGraph()
+    graph.add_thought("t", _prompt)
+    graph.add_function("f", lambda s: {"n": s.get("n", 0) + 1})
+    graph.add_reward("r")
+    graph.add_edge(START, "t")
+    graph.add_edge("t", "f")
+    graph.add_conditional_edges("f", lambda s: "f" if s["n"] > 0 else "r")  # loops on f
+    graph.add_conditional_edges("r", _route, {"more": "t", "done": END})
+    app = graph.compile(
+        backend=ScriptedBackend(),
+        search="beam",
+        search_params={"n": 2, "width": 1},
+        answer=_answer,
+        config=ExecutorConfig(query_timeout_s=5.0),
+    )
+    result = app.run_batch(["q"]).results[0]
+    assert result.status == "failed"
+    assert any("'f' is on a loop" in e for e in result.errors)

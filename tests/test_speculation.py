@@ -36,6 +36,7 @@ from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
+from spec_tot.nodes import default_reward_item
 from spec_tot.requests import Capabilities, RewardItem
 from spec_tot.tree import Node, NodeStatus
 
@@ -840,3 +841,68 @@ def test_bad_lazy_verification_and_capability_values_name_the_field() -> None:
         Capabilities(reward_batch_s=0.0)
     with pytest.raises(ConfigError, match="reward_batch_s"):
         Capabilities(reward_batch_s=float("nan"))
+
+
+async def test_full_score_shortcut_never_hangs_on_unstarted_branches() -> None:
+    backend = LatencyBackend(
+        ScriptedConfig(), gen_latency=tick_fn(14, 30), reward_latency=tick_fn(1014, 20)
+    )
+    overrides = {
+        "ep": True,
+        "ep_full_score": True,
+        "full_score": 0.0,  # every score is "full": the shortcut fires on every round
+        "max_speculative_per_query": 2,
+    }
+    app = make_app(backend, "beam", "naive", query_timeout_s=5.0, speculation_overrides=overrides)
+    result = (await app.arun_batch(inputs("a"))).results[0]
+    assert result.status == "ok"
+    assert backend.num_inflight == 0
+
+
+async def test_lazy_verification_does_not_flush_on_a_group_already_being_scored() -> None:
+    calls: list[list[str]] = []
+    release = asyncio.Event()  # A's batch stays in flight until the check is done
+
+    async def scorer(items: list) -> list[float]:
+        calls.append([i.request_id for i in items])
+        await release.wait()
+        return [0.5] * len(items)
+
+    node = GraphNode("r", NodeKind.REWARD, scorer=scorer, reward_input=default_reward_item)
+    lv = LazyVerification(token_threshold=10_000, max_deferrals=1000, max_wait_s=5.0)
+    router = OneRuleRouter(lv)
+    state = {"question": "q", "steps": ["s"]}
+    for i in range(2):
+        router.expect("A", f"A/{i}")
+    for i in range(3):
+        router.expect("B", f"B/{i}")
+
+    def score(query: str, node_id: str) -> asyncio.Task[tuple[float, ...]]:
+        item, scorer = router.prepare(query, node_id, node, state)
+        return asyncio.create_task(
+            router.score(query, item, scorer, speculative=False, node_name="r")
+        )
+
+    a = [score("A", f"A/{i}") for i in range(2)]
+    for _ in range(200):  # A's complete group is sent at once
+        if calls:
+            break
+        await asyncio.sleep(0.005)
+    b = score("B", "B/0")
+    await asyncio.sleep(0.03)  # room for a wrong flush of B/0 to happen
+    assert calls == [["A/0", "A/1"]]  # B/0 waits for its own group (or the timer)
+    router.forget("B")
+    release.set()
+    await asyncio.gather(*a, b, return_exceptions=True)
+
+
+async def test_naive_continues_every_finished_candidate_not_just_the_predicted_ones() -> None:
+    counts = {}
+    for speculate in ("all", "ranked"):
+        backend = LatencyBackend(
+            ScriptedConfig(), gen_latency=tick_fn(3, 30), reward_latency=tick_fn(4, 5)
+        )
+        app = make_app(backend, "beam", "naive", speculation_overrides={"speculate": speculate})
+        batch = await app.arun_batch(inputs("a", "b", "c"))
+        counts[speculate] = batch.metrics.speculative_nodes
+    assert counts["all"] > counts["ranked"]
