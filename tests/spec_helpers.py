@@ -20,8 +20,8 @@ from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp, ToTResult
 from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
+from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
-from spec_tot.executor.rewards import RewardRouter
 from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX

@@ -32,7 +32,7 @@ from spec_tot.config import LazyVerification
 from spec_tot.errors import ConfigError
 from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.pruning import early_prune_threshold
-from spec_tot.executor.rewards import RewardRouter, calibrated_lv
+from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder

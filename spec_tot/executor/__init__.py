@@ -7,7 +7,7 @@
 - ``budget``: the SPEX T2 ``SpeculationBudget``;
 - ``hub``: ``hub_for(backend)``, what every app, batch and call on one backend shares (its
   budget, its reward router per event loop, the query ids running on it);
-- ``rewards``: the ``RewardRouter`` (queues per rule, batches run);
+- ``reward_router``: the ``RewardRouter`` (queues per rule, batches run);
 - ``reward_rules``: when waiting items are scored (round, eager, lazy = SpecScale LV);
 - ``reward_calls``: one scorer call per batch, split per query when it fails or hangs;
 - ``reward_scorer``: calling one scorer and checking each score it returns;
@@ -21,8 +21,8 @@ from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, QueryOutcome, record_for
 from spec_tot.executor.hub import BackendHub, hub_for
+from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_scorer import call_scorer, check_score
-from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import query_seed, request_seed, seed_key
 
 __all__ = [

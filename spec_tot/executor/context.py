@@ -11,7 +11,7 @@ from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig, Speculation
 from spec_tot.events import EventKind, EventSink, ToTEvent
 from spec_tot.executor.budget import SpeculationBudget
-from spec_tot.executor.rewards import RewardRouter
+from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.seeds import seed_below
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import State

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
 from spec_tot.executor.budget import SpeculationBudget
-from spec_tot.executor.rewards import RewardRouter
+from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.seeds import seed_key
 from spec_tot.nodes import State
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from spec_tot.config import LazyVerification
 
 if TYPE_CHECKING:
-    from spec_tot.executor.rewards import RewardRouter
+    from spec_tot.executor.reward_router import RewardRouter
 
 __all__ = ["BatchRule", "EagerRule", "LazyRule", "Pending", "Queue", "RoundRule", "select_lazy"]
 

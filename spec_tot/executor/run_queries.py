@@ -21,8 +21,8 @@ from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, record_for
 from spec_tot.executor.hub import BackendHub, QueryInput
+from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
-from spec_tot.executor.rewards import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import query_seed
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import State
