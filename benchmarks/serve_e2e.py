@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from spec_tot.adapters._http import EndpointPool
+from spec_tot.adapters.http import EndpointPool
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.openai_compat import create_openai
 from spec_tot.adapters.sglang import SGLangBackend, SGLangConfig, create_sglang

@@ -62,12 +62,12 @@ BACKEND_OPTION_SCHEMAS: dict[str, tuple[str, ...]] = {
     "sglang": (
         "spec_tot.adapters.sglang:create_sglang",
         "spec_tot.adapters.sglang:SGLangConfig",
-        "spec_tot.adapters._http:HttpConfig",
+        "spec_tot.adapters.http:HttpConfig",
     ),
     "openai": (
         "spec_tot.adapters.openai_compat:create_openai",
         "spec_tot.adapters.openai_compat:OpenAIConfig",
-        "spec_tot.adapters._http:HttpConfig",
+        "spec_tot.adapters.http:HttpConfig",
     ),
 }
 # Set by the factory itself from its own arguments, never by a user's option.
