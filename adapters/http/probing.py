@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -14,31 +15,20 @@ from .endpoint import Endpoint
 __all__ = ["HealthProber"]
 
 
+@dataclass(eq=False)
 class HealthProber:
     """Probes ``GET health_path`` of every worker whose breaker is open, at each cooldown's
     end, on one background task that ends when no breaker is open (None: never probes)."""
 
-    def __init__(
-        self,
-        endpoints: dict[str, Endpoint],
-        client: httpx.AsyncClient,
-        *,
-        health_path: str | None,
-        cooldown_s: float,
-        timeout_s: float,
-        headers: dict[str, str],
-        sleep: Callable[[float], Awaitable[None]],
-        clock: Clock,
-    ) -> None:
-        self.endpoints = endpoints
-        self.client = client
-        self.health_path = health_path
-        self.cooldown_s = cooldown_s
-        self.timeout_s = timeout_s
-        self.headers = headers
-        self.sleep = sleep
-        self.clock = clock
-        self._task: asyncio.Task[None] | None = None
+    endpoints: dict[str, Endpoint]
+    client: httpx.AsyncClient
+    health_path: str | None
+    cooldown_s: float
+    timeout_s: float
+    headers: dict[str, str]
+    sleep: Callable[[float], Awaitable[None]]
+    clock: Clock
+    _task: asyncio.Task[None] | None = field(default=None, init=False)
 
     def watch(self) -> None:
         """Start the timed probe of open breakers, unless it runs or is turned off."""

@@ -4,6 +4,7 @@ step scores) or a generative judge's P(good token) on ``/v1/completions``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from spec_tot.adapters.http import EndpointPool, query_key
 from spec_tot.adapters.http.scoring import judge_probability, reward_texts, spread_scores
@@ -15,12 +16,12 @@ from .config import OpenAIConfig
 __all__ = ["OpenAIScorer"]
 
 
+@dataclass(frozen=True)
 class OpenAIScorer:
     """``RewardBackend.score`` for the OpenAI-compatible backend, over its pool."""
 
-    def __init__(self, pool: EndpointPool, config: OpenAIConfig) -> None:
-        self.pool = pool
-        self.config = config
+    pool: EndpointPool
+    config: OpenAIConfig
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         if not items:

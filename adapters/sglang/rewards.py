@@ -4,6 +4,7 @@ P(good token) from one greedy token on ``/generate``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from spec_tot.adapters.http import EndpointPool, query_key
 from spec_tot.adapters.http.scoring import judge_probability, reward_texts, sigmoid, spread_scores
@@ -15,12 +16,12 @@ from .config import SGLangConfig
 __all__ = ["SGLangScorer"]
 
 
+@dataclass(frozen=True)
 class SGLangScorer:
     """``RewardBackend.score`` for SGLang, over the backend's pool."""
 
-    def __init__(self, pool: EndpointPool, config: SGLangConfig) -> None:
-        self.pool = pool
-        self.config = config
+    pool: EndpointPool
+    config: SGLangConfig
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         if not items:
