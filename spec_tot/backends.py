@@ -246,8 +246,7 @@ class BackendRegistry:
         if isinstance(backend, GenerationBackend):
             return backend
         if isinstance(backend, str):
-            if backend not in self._entries:
-                raise UnknownNameError("backend", backend, self.names())
+            self.entry(backend)  # an unknown name fails now, not on first use
             return lambda: self.create(backend, **options)
         from langchain_core.language_models import BaseLanguageModel
 
