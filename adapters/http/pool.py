@@ -68,13 +68,14 @@ class _Missed(Exception):
 
 @dataclass
 class EndpointPool:
-    """The workers one backend talks to; ``protocol`` reads its bodies' token budgets and
-    its replies' output tokens (module docstring: what the pool does with them)."""
+    """The workers one backend talks to. ``protocol`` (required, so that no backend's pool
+    falls back to the deadline floor unnoticed) reads its bodies' token budgets and its
+    replies' output tokens: the module docstring says what the pool does with them."""
 
     urls: list[str]
     config: HttpConfig = field(default_factory=HttpConfig)
     client: httpx.AsyncClient | None = None
-    protocol: WireProtocol = field(default_factory=WireProtocol)
+    protocol: WireProtocol = field(kw_only=True)
     sleep: Sleep = asyncio.sleep
     clock: Clock = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
