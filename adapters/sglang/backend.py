@@ -85,7 +85,7 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         self._collecting: dict[Any, WireGroup] = {}
         self._serial = itertools.count(1)
         self._side: set[asyncio.Task[Any]] = set()
-        self.counters = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
+        self.counters: dict[str, float] = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -194,7 +194,7 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         for group in list(self._groups.values()):
             if group.task is not None:
                 group.task.cancel()
-        tasks = [g.task for g in self._groups.values() if g.task is not None]
+        tasks: list[asyncio.Future[Any]] = [g.task for g in self._groups.values() if g.task]
         if self._info_fetch is not None:
             self._info_fetch.cancel()
             tasks.append(self._info_fetch)
