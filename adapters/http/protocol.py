@@ -33,13 +33,13 @@ class WireProtocol:
     """What the pool asks of a backend's protocol (the default knows nothing: every request
     gets the deadline floor and no speed is learned).
 
-    - ``request_budget(body)``: the most output tokens the JSON request ``body`` asks for,
-      or None for a request that generates nothing (scoring, abort). The deadline is sized
-      from it.
+    - ``request_budget(body)``: the most output tokens the JSON request ``body`` (as given
+      to ``EndpointPool.send``: None for a request without one) asks for, or None for a
+      request that generates nothing (scoring, abort). The deadline is sized from it.
     - ``reply_tokens(reply)``: output tokens per sample in a decoded JSON reply, or None
-      when it does not say. With the time the request took, it teaches the pool the
-      worker's speed. A streamed reply is never decoded here: its reader reports it with
-      ``EndpointPool.observe``.
+      when it does not say; asked only of a request with a budget. With the time the
+      request took, it teaches the pool the worker's speed. A streamed reply is never
+      decoded here: its reader reports it with ``EndpointPool.observe``.
     """
 
     request_budget: Callable[[Any], int | None] = _no_budget
