@@ -30,10 +30,10 @@ from typing import Any
 
 import httpx
 
-from spec_tot.adapters._http import EndpointPool
+from spec_tot.adapters.http import EndpointPool
 from spec_tot.adapters.local import create_local
 from spec_tot.adapters.openai_compat import create_openai
-from spec_tot.adapters.sglang import SGLangBackend, SGLangConfig, create_sglang
+from spec_tot.adapters.sglang import SGLANG_WIRE, SGLangBackend, SGLangConfig, create_sglang
 from spec_tot.config import ExecutorConfig
 from spec_tot.graphs import game24_task as task
 from spec_tot.graphs.game24 import compile_game24, game24_inputs
@@ -65,7 +65,7 @@ async def _over_http(args: argparse.Namespace, url: str, api: str) -> tuple[Any,
     if api == "sglang-keepalive":  # the same adapter over a client that keeps connections
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
         client = httpx.AsyncClient(timeout=600.0, limits=limits)
-        pool = EndpointPool([url], client=client)
+        pool = EndpointPool([url], client=client, protocol=SGLANG_WIRE)
         await rewards.aclose()
         rewards = SGLangBackend(SGLangConfig(urls=(url,), dedup=False, reward_per_step=True), pool)
     if api.startswith("sglang"):

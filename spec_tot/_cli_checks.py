@@ -2,9 +2,10 @@
 starts (loading the shipped models takes seconds; a typo should cost none of them).
 
 ``KEY=VALUE`` pairs are typed by a schema: the fields of the backend's config dataclasses and
-the named parameters of its factory (``--backend-opt``), or of the policy's constructor
-(``--param``). A value is coerced to the annotated type (``int``, ``float``, ``bool``, ``str``,
-optionals and tuples of those); anything else is read as JSON, or kept as a bare string.
+the named parameters of its factory, as its registry entry lists them (``--backend-opt``), or
+the policy's constructor (``--param``). A value is coerced to the annotated type (``int``,
+``float``, ``bool``, ``str``, optionals and tuples of those); anything else is read as JSON,
+or kept as a bare string.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ from typing import Any
 from spec_tot.backends import BackendRegistry, default_registry
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, SpecTotError, UnknownNameError
+from spec_tot.plugins import load_target
 from spec_tot.policies import create_policy
 from spec_tot.programs import Program, load_program
 
 __all__ = [
-    "BACKEND_OPTION_SCHEMAS",
     "Plan",
     "as_option",
     "backend_error",
     "backend_registry",
+    "backend_schema",
     "check_bind",
     "check_json_path",
     "int_list",
@@ -49,32 +51,8 @@ __all__ = [
     "program_for",
 ]
 
-# Where each built-in backend's options are declared: "module:attr" of its factory and config
-# dataclasses; the keys and types of ``--backend-opt`` come from their signatures. A backend
-# not listed here (a third party's) gets its values as JSON and checks them itself.
-BACKEND_OPTION_SCHEMAS: dict[str, tuple[str, ...]] = {
-    "local": (
-        "spec_tot.adapters.local:create_local",
-        "spec_tot.adapters.local.config:EngineConfig",
-    ),
-    "scripted": ("spec_tot.adapters.scripted:ScriptedConfig",),
-    "sim": ("spec_tot.adapters.sim:create_sim", "spec_tot.adapters.sim:SimConfig"),
-    "sglang": (
-        "spec_tot.adapters.sglang:create_sglang",
-        "spec_tot.adapters.sglang:SGLangConfig",
-        "spec_tot.adapters._http:HttpConfig",
-    ),
-    "openai": (
-        "spec_tot.adapters.openai_compat:create_openai",
-        "spec_tot.adapters.openai_compat:OpenAIConfig",
-        "spec_tot.adapters._http:HttpConfig",
-    ),
-}
 # Set by the factory itself from its own arguments, never by a user's option.
 _NOT_OPTIONS = frozenset({"model", "http"})
-# A backend's error fields that the user knows by another option name: create_local passes
-# ``policy_path`` on as EngineConfig's ``model``.
-_OPTION_ALIASES: dict[str, dict[str, str]] = {"local": {"model": "policy_path"}}
 _SERVE_LIMITS = "spec_tot.adapters.local.serve.limits:ServeLimits"
 
 
@@ -126,11 +104,6 @@ def mode_list(text: str, option: str) -> list[str]:
 
 
 # -- typed KEY=VALUE options ----------------------------------------------------------------------
-def _load(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
-
-
 def _schema_of(obj: Any) -> dict[str, Any]:
     """Option name -> annotation, from a dataclass's fields or a callable's named parameters.
     An annotation that does not resolve at run time (a TYPE_CHECKING import) counts as Any."""
@@ -158,13 +131,15 @@ def _resolve(annotation: Any, scope: dict[str, Any]) -> Any:
         return Any
 
 
-def backend_schema(backend: str) -> dict[str, Any] | None:
-    targets = BACKEND_OPTION_SCHEMAS.get(backend)
-    if targets is None:
+def backend_schema(backend: str, registry: BackendRegistry | None = None) -> dict[str, Any] | None:
+    """Option name -> type of a registered backend, read from its entry's ``options``; None
+    for a backend that declares none (its values go to it as JSON, and it checks them)."""
+    sources = (registry or backend_registry()).entry(backend).options
+    if sources is None:
         return None
     schema: dict[str, Any] = {}
-    for target in targets:
-        schema.update(_schema_of(_load(target)))
+    for source in sources:
+        schema.update(_schema_of(load_target(source) if isinstance(source, str) else source))
     return {k: v for k, v in schema.items() if k not in _NOT_OPTIONS}
 
 
@@ -252,10 +227,14 @@ def parse_backend_options(pairs: Sequence[str] | None, backend: str) -> dict[str
     )
 
 
-def backend_error(backend: str, exc: ConfigError, given: Sequence[str]) -> ConfigError:
+def backend_error(
+    backend: str, exc: ConfigError, given: Sequence[str], registry: BackendRegistry | None = None
+) -> ConfigError:
     """``exc`` from starting ``backend``, as a usage error naming the ``--backend-opt`` the
-    user typed (``given``: the keys they gave); a field they did not give keeps its name."""
-    key = _OPTION_ALIASES.get(backend, {}).get(exc.field, exc.field)
+    user typed (``given``: the keys they gave; a field the backend's entry aliases is named
+    by its option); a field they did not give keeps its name."""
+    aliases = (registry or backend_registry()).entry(backend).aliases
+    key = aliases.get(exc.field, exc.field)
     message = str(exc).removeprefix(f"{exc.field}: ")
     if key in given:
         return ConfigError(f"--backend-opt {key}", message)
@@ -265,7 +244,7 @@ def backend_error(backend: str, exc: ConfigError, given: Sequence[str]) -> Confi
 def parse_serve_limits(pairs: Sequence[str] | None) -> Any:
     """``--limit NAME=VALUE`` pairs as a checked ``ServeLimits`` (its connection cap checked
     against the open-file limit too); errors name ``--limit NAME``."""
-    limits_type = _load(_SERVE_LIMITS)
+    limits_type = load_target(_SERVE_LIMITS)
     typed = typed_pairs(parse_pairs(pairs, "--limit"), _schema_of(limits_type), "--limit")
     try:
         limits = limits_type(**typed)
@@ -302,12 +281,13 @@ class Plan:
     """Everything a ``run``/``bench`` needs, checked; no backend has started yet."""
 
     program: Program
-    backend: str
+    backend: str  # its name in ``registry``
     search: str
     search_params: dict[str, Any]
     backend_options: dict[str, Any]  # the user's, on top of the program's
     configs: tuple[ExecutorConfig, ...]  # one per mode x concurrency, in run order
     inputs: list[Any]
+    registry: BackendRegistry  # where the backend is created from
 
     def options_text(self) -> str:
         """The user's backend options, as given (for error lines)."""
@@ -327,19 +307,21 @@ def plan_runs(
     search_params: dict[str, Any],
     backend_options: dict[str, Any],
     modes_option: str = "--modes",
+    registry: BackendRegistry | None = None,
 ) -> Plan:
     """Check every option without starting a backend: program, backend name and options,
     modes, concurrency, queries, search and its parameters (the graph is compiled against a
     scripted backend, so the policy validates its parameters now). ``modes_option``: the
-    option the modes came from, as the user typed it (``--mode`` for ``run``)."""
+    option the modes came from, as the user typed it (``--mode`` for ``run``); ``registry``:
+    the backends known by name (default: ``backend_registry()``)."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
     with as_option("--program"):
         prog = load_program(program_for(program, backend))
     backend_name = backend or prog.default_backend
+    registry = registry or backend_registry()
     with as_option("--backend"):
-        if backend_name not in backend_registry().names():
-            raise UnknownNameError("backend", backend_name, backend_registry().names())
+        registry.entry(backend_name)
     search_name = search or prog.default_search
     if not modes:
         raise ConfigError(modes_option, "give at least one executor mode")
@@ -354,11 +336,12 @@ def plan_runs(
         raise ConfigError("--queries", f"must be >= 1, got {queries}")
     with as_option("--queries"):
         inputs = prog.inputs(queries)
-    options = typed_pairs(backend_options, backend_schema(backend_name), "--backend-opt")
+    schema = backend_schema(backend_name, registry)
+    options = typed_pairs(backend_options, schema, "--backend-opt")
     params = typed_pairs(search_params, policy_schema(search_name), "--param")
     with as_option("--param"):
         prog.build(backend=ScriptedBackend(), search=search_name, search_params=params)
-    return Plan(prog, backend_name, search_name, params, options, tuple(configs), inputs)
+    return Plan(prog, backend_name, search_name, params, options, tuple(configs), inputs, registry)
 
 
 def check_bind(host: str, port: int) -> None:

@@ -1,9 +1,10 @@
 """Backend contracts and the lazy name registry.
 
 The core never imports an adapter module at import time: ``default_registry().create("local")``
-imports ``spec_tot.adapters.local`` only when asked. Third parties declare their backends as
-entry points (group ``spec_tot.backends``), which ``default_registry()`` reads, or build a
-``BackendRegistry`` of their own.
+imports ``spec_tot.adapters.local`` only when asked. Each backend is one ``BackendEntry``: its
+factory and its option schema (what the CLI's ``--backend-opt`` values are typed and checked
+by). Third parties declare their backends as entry points (group ``spec_tot.backends``),
+which ``default_registry()`` reads, or register them in a ``BackendRegistry`` of their own.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, Rew
 
 __all__ = [
     "BACKEND_ENTRY_POINTS",
+    "BackendEntry",
     "BackendRegistry",
     "GenerationBackend",
     "RewardBackend",
@@ -132,35 +134,104 @@ class RewardBackend(ABC):
 
 Factory = Callable[..., Any]
 BACKEND_ENTRY_POINTS = "spec_tot.backends"
-_BUILT_IN: dict[str, str] = {
-    "scripted": "spec_tot.adapters.scripted:create_scripted",
-    "local": "spec_tot.adapters.local:create_local",
-    "sim": "spec_tot.adapters.sim:create_sim",
-    "sglang": "spec_tot.adapters.sglang:create_sglang",
-    "openai": "spec_tot.adapters.openai_compat:create_openai",
-    "langchain": "spec_tot.adapters.langchain:LangChainBackend",
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    """One registered backend.
+
+    - ``factory``: a callable taking the options as keywords, or ``"module:attr"`` naming
+      one (imported on first use, so optional dependencies cost nothing until then).
+    - ``options``: where its option names and types are declared, each a config dataclass
+      (its fields) or a callable (its named parameters), as an object or ``"module:attr"``;
+      ``None`` for a backend that checks loose values itself (the CLI reads them as JSON).
+    - ``aliases``: a field named in the backend's own errors -> the option the user gives
+      for it (``create_local`` passes ``policy_path`` on as the engine's ``model``).
+    """
+
+    factory: Factory | str
+    options: tuple[Any, ...] | None = None
+    aliases: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (callable(self.factory) or isinstance(self.factory, str)):
+            raise ConfigError(
+                "factory", f"expected a callable or 'module:attr', got {self.factory!r}"
+            )
+        if self.options is not None and not isinstance(self.options, tuple):
+            raise ConfigError("options", f"expected a tuple or None, got {self.options!r}")
+
+
+_HTTP = "spec_tot.adapters.http:HttpConfig"
+_BUILT_IN: dict[str, BackendEntry] = {
+    "scripted": BackendEntry(
+        "spec_tot.adapters.scripted:create_scripted",
+        options=("spec_tot.adapters.scripted:ScriptedConfig",),
+    ),
+    "local": BackendEntry(
+        "spec_tot.adapters.local:create_local",
+        options=(
+            "spec_tot.adapters.local:create_local",
+            "spec_tot.adapters.local.config:EngineConfig",
+        ),
+        aliases={"model": "policy_path"},
+    ),
+    "sim": BackendEntry(
+        "spec_tot.adapters.sim:create_sim",
+        options=("spec_tot.adapters.sim:create_sim", "spec_tot.adapters.sim:SimConfig"),
+    ),
+    "sglang": BackendEntry(
+        "spec_tot.adapters.sglang:create_sglang",
+        options=(
+            "spec_tot.adapters.sglang:create_sglang",
+            "spec_tot.adapters.sglang:SGLangConfig",
+            _HTTP,
+        ),
+    ),
+    "openai": BackendEntry(
+        "spec_tot.adapters.openai_compat:create_openai",
+        options=(
+            "spec_tot.adapters.openai_compat:create_openai",
+            "spec_tot.adapters.openai_compat:OpenAIConfig",
+            _HTTP,
+        ),
+    ),
+    "langchain": BackendEntry("spec_tot.adapters.langchain:LangChainBackend"),
 }
 
 
 @dataclass
 class BackendRegistry:
-    """Maps a backend name to a factory, given as a callable or as ``"module:attr"``
-    (imported lazily so that optional dependencies cost nothing until used)."""
+    """Maps a backend name to its ``BackendEntry`` (factory and option schema)."""
 
-    _factories: dict[str, Factory | str] = field(default_factory=dict)
+    _entries: dict[str, BackendEntry] = field(default_factory=dict)
 
-    def register(self, name: str, factory: Factory | str) -> None:
+    def register(
+        self,
+        name: str,
+        factory: Factory | str,
+        *,
+        options: Sequence[Any] | None = None,
+        aliases: Mapping[str, str] | None = None,
+    ) -> None:
+        """Register (or replace) ``name``; ``options`` and ``aliases`` as in ``BackendEntry``."""
         if not name or not isinstance(name, str):
             raise ConfigError("name", f"a backend name must be a non-empty string: {name!r}")
-        self._factories[name] = factory
+        schema = tuple(options) if options is not None else None
+        self._entries[name] = BackendEntry(factory, schema, dict(aliases or {}))
+
+    def entry(self, name: str) -> BackendEntry:
+        """The entry of ``name``; ``UnknownNameError`` listing the known names otherwise."""
+        found = self._entries.get(name)
+        if found is None:
+            raise UnknownNameError("backend", name, self.names())
+        return found
 
     def names(self) -> list[str]:
-        return sorted(self._factories)
+        return sorted(self._entries)
 
     def create(self, name: str, **options: Any) -> Any:
-        factory = self._factories.get(name)
-        if factory is None:
-            raise UnknownNameError("backend", name, self.names())
+        factory = self.entry(name).factory
         if isinstance(factory, str):
             factory = load_target(factory)
         return factory(**options)
@@ -175,8 +246,7 @@ class BackendRegistry:
         if isinstance(backend, GenerationBackend):
             return backend
         if isinstance(backend, str):
-            if backend not in self._factories:
-                raise UnknownNameError("backend", backend, self.names())
+            self.entry(backend)  # an unknown name fails now, not on first use
             return lambda: self.create(backend, **options)
         from langchain_core.language_models import BaseLanguageModel
 
@@ -200,9 +270,7 @@ def default_registry() -> BackendRegistry:
     shadow a built-in name (it is skipped with a warning). For a backend that only lives in
     a script, build it yourself (``registry.create(...)``) and pass the instance.
     """
-    registry = BackendRegistry()
-    for name, target in _BUILT_IN.items():
-        registry.register(name, target)
+    registry = BackendRegistry(dict(_BUILT_IN))
     for name, target in declared(BACKEND_ENTRY_POINTS, _BUILT_IN, warn=True).items():
         registry.register(name, target)
     return registry

@@ -34,11 +34,12 @@ from spec_tot._cli_checks import (
 )
 from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
+from spec_tot.backends import BackendRegistry
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.programs import load_program
 
-__all__ = ["API_KEY_ENV", "app", "main"]
+__all__ = ["API_KEY_ENV", "app", "main", "run_cli"]
 
 API_KEY_ENV = "SPEC_TOT_API_KEY"
 TRACEBACK_ENV = "SPEC_TOT_TRACEBACK"  # set to 1 to see the traceback of an unexpected error
@@ -55,14 +56,21 @@ _CLICK_ERROR: type[Exception] = next(
 )
 
 
-def _start_backend(name: str, options: dict[str, Any], given: str, keys: Sequence[str] = ()) -> Any:
+def _start_backend(
+    name: str,
+    options: dict[str, Any],
+    given: str,
+    keys: Sequence[str] = (),
+    registry: BackendRegistry | None = None,
+) -> Any:
     """Create the backend (this is where models load); a bad option value is a usage error
     naming the option the user typed (``keys``: the ones they gave), any other failure one
     line naming the options the user gave."""
+    registry = registry or backend_registry()
     try:
-        return backend_registry().create(name, **options)
+        return registry.create(name, **options)
     except ConfigError as exc:
-        raise backend_error(name, exc, keys) from exc
+        raise backend_error(name, exc, keys, registry) from exc
     except UnknownNameError as exc:
         raise ConfigError("--backend-opt", str(exc)) from exc
     except Exception as exc:
@@ -74,7 +82,7 @@ def _start_backend(name: str, options: dict[str, Any], given: str, keys: Sequenc
 async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOutcome:
     options = {**plan.program.backend_options(plan.backend), **plan.backend_options}
     backend = _start_backend(
-        plan.backend, options, plan.options_text(), tuple(plan.backend_options)
+        plan.backend, options, plan.options_text(), tuple(plan.backend_options), plan.registry
     )
     try:
         tot = plan.program.build(
@@ -190,6 +198,7 @@ def _plan_and_report(
 
 @app.command()
 def run(
+    ctx: typer.Context,
     program: ProgramOpt = None,
     backend: BackendOpt = None,
     search: SearchOpt = None,
@@ -223,11 +232,13 @@ def run(
         json_path=json_path,
         show_tree=show_tree,
         modes_option="--mode",
+        registry=ctx.obj,
     )
 
 
 @app.command()
 def bench(
+    ctx: typer.Context,
     program: ProgramOpt = None,
     backend: BackendOpt = None,
     search: SearchOpt = None,
@@ -252,6 +263,7 @@ def bench(
         backend_opt=backend_opt,
         json_path=json_path,
         modes_option="--modes",
+        registry=ctx.obj,
     )
 
 
@@ -387,16 +399,18 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def run_cli(argv: Sequence[str] | None = None) -> int:
+def run_cli(argv: Sequence[str] | None = None, *, registry: BackendRegistry | None = None) -> int:
     """Run the CLI and return its exit code: 0 ok, 2 a usage error (one line, naming the
     option), 1 a runtime failure (one line), 130 interrupted. No traceback unless
-    ``SPEC_TOT_TRACEBACK=1``."""
+    ``SPEC_TOT_TRACEBACK=1``. ``registry``: the backends ``run`` and ``bench`` know by name,
+    their options checked by each entry's schema (default: ``default_registry()``)."""
     command = typer.main.get_command(app)
     try:
         code = command.main(
             args=list(argv) if argv is not None else None,
             prog_name="spec-tot",
             standalone_mode=False,
+            obj=registry,
         )
     except _CLICK_ERROR as exc:
         err: Any = exc

@@ -19,8 +19,9 @@ import httpx
 import pytest
 from fake_sglang import FakeSGLang, Request
 
-from spec_tot.adapters._http import CircuitBreaker, EndpointPool, HttpConfig, query_key
-from spec_tot.adapters._http_parts import completion_tokens, request_budget
+from spec_tot.adapters.http import CircuitBreaker, EndpointPool, HttpConfig, WireProtocol, query_key
+from spec_tot.adapters.openai_compat import OPENAI_WIRE
+from spec_tot.adapters.sglang import SGLANG_WIRE
 from spec_tot.errors import BackendError, BackendTimeoutError, ConfigError
 
 
@@ -56,7 +57,9 @@ def make_pool(urls: list[str], t: FakeTime, **kw: object) -> EndpointPool:
     """A pool on fake time; no timed health probe (it would run on the fake clock)."""
     defaults = {"max_retries": 2, "backoff_base_s": 0.1, "health_path": None}
     config = HttpConfig(**{**defaults, **kw})  # type: ignore[arg-type]
-    return EndpointPool(urls, config, sleep=t.sleep, clock=t.clock, rng=random.Random(0))
+    return EndpointPool(
+        urls, config, sleep=t.sleep, clock=t.clock, rng=random.Random(0), protocol=SGLANG_WIRE
+    )
 
 
 BODY = {"text": "hi", "sampling_params": {"max_new_tokens": 2}, "rid": "q/1"}
@@ -119,7 +122,7 @@ async def test_failover_and_sticky_routing(server: FakeSGLang) -> None:
     t = FakeTime()
     dead = dead_url()
     pool = make_pool([dead, server.url], t, breaker_threshold=1)
-    pool._home["q"] = dead  # the query's home is down
+    pool.routes.settle("q", dead)  # the query's home is down
     url, _ = await pool.json("POST", "/generate", BODY, key="q")
     assert url == server.url and pool.home_of("q") == server.url
     assert pool.endpoints[dead].breaker.state == "open"
@@ -216,7 +219,8 @@ def live_pool(urls: list[str], **kw: object) -> EndpointPool:
         "deadline_slack": 1.0, "assumed_s_per_token": 0.01, "deadline_cap_s": 30.0,
         "breaker_threshold": 2, "breaker_cooldown_s": 0.3, "probe_timeout_s": 0.2,
     }  # fmt: skip
-    return EndpointPool(urls, HttpConfig(**{**defaults, **kw}))  # type: ignore[arg-type]
+    config = HttpConfig(**{**defaults, **kw})  # type: ignore[arg-type]
+    return EndpointPool(urls, config, protocol=SGLANG_WIRE)
 
 
 def gen_body(rid: str, budget: int) -> dict[str, object]:
@@ -236,13 +240,16 @@ def test_deadline_from_budget_and_learned_speed() -> None:
     assert w.s_per_token == pytest.approx(0.01 + 0.2 * (0.11 - 0.01))
 
 
-def test_budget_and_output_tokens_read_from_both_protocols() -> None:
-    assert request_budget({"sampling_params": {"max_new_tokens": 64, "n": 8}}) == 64
+def test_budget_and_output_tokens_read_by_each_protocol() -> None:
+    sglang_budget, openai_budget = SGLANG_WIRE.request_budget, OPENAI_WIRE.request_budget
+    assert sglang_budget({"sampling_params": {"max_new_tokens": 64, "n": 8}}) == 64
     batch = {"text": ["a", "a"], "sampling_params": [{"max_new_tokens": 8}, {"max_new_tokens": 9}]}
-    assert request_budget(batch) == 9  # a batch's prompts run side by side: the largest
-    assert request_budget({"prompt": "x", "max_tokens": 32, "n": 4}) == 32
-    assert request_budget({"text": ["a"]}) is None and request_budget([1]) is None
-    assert request_budget({"max_tokens": True}) is None
+    assert sglang_budget(batch) == 9  # a batch's prompts run side by side: the largest
+    assert openai_budget({"prompt": "x", "max_tokens": 32, "n": 4}) == 32
+    assert openai_budget({"prompt": "x", "max_completion_tokens": 16}) == 16
+    assert sglang_budget({"text": ["a"]}) is None and sglang_budget([1]) is None
+    assert openai_budget({"max_tokens": True}) is None and openai_budget([1]) is None
+    assert WireProtocol().request_budget(batch) is None  # the default knows no protocol
 
     def reply(value: object) -> httpx.Response:
         response = httpx.Response(200, content=json.dumps(value).encode())
@@ -250,11 +257,13 @@ def test_budget_and_output_tokens_read_from_both_protocols() -> None:
         return response
 
     sglang = [{"meta_info": {"completion_tokens": k}} for k in (3, 7)]
-    assert completion_tokens(reply(sglang)) == 7  # samples run side by side: the longest
+    assert SGLANG_WIRE.tokens_of(reply(sglang)) == 7  # samples side by side: the longest
     openai = {"choices": [{}, {}], "usage": {"completion_tokens": 10}}
-    assert completion_tokens(reply(openai)) == 5
+    assert OPENAI_WIRE.tokens_of(reply(openai)) == 5
+    assert OPENAI_WIRE.tokens_of(reply(sglang)) is None  # each reads only its own shape
+    assert SGLANG_WIRE.tokens_of(reply(openai)) is None
     streamed = httpx.Response(200, stream=httpx.ByteStream(b"data: {}\n\n"))
-    assert completion_tokens(streamed) is None
+    assert SGLANG_WIRE.tokens_of(streamed) is None
 
 
 async def test_the_pool_learns_each_workers_speed(server: FakeSGLang) -> None:
@@ -275,7 +284,7 @@ async def test_a_stopped_worker_releases_its_queries_to_a_healthy_one(
     stopped.running.clear()
     pool = live_pool([stopped.url, server.url])
     for q in ("short0", "short1", "long0", "long1"):
-        pool._home[q] = stopped.url  # every query's home is the stopped worker
+        pool.routes.settle(q, stopped.url)  # every query's home is the stopped worker
     started = time.monotonic()
     budgets = {"short0": 2, "short1": 2, "long0": 2000, "long1": 2000}  # long: 20 s deadlines
     results = await asyncio.gather(
@@ -399,7 +408,7 @@ async def test_the_api_key_goes_on_every_request() -> None:
     client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
     config = HttpConfig(api_key="s3cret", breaker_threshold=1, breaker_cooldown_s=0.05,
                         backoff_base_s=0.001)  # fmt: skip
-    pool = EndpointPool(["http://a", "http://b"], config, client=client)
+    pool = EndpointPool(["http://a", "http://b"], config, client=client, protocol=SGLANG_WIRE)
     await pool.json("POST", "/generate", gen_body("q/n", 1), key="q")
     await pool.json("GET", "/get_server_info")
     await pool.json("POST", "/abort_request", {"rid": "q"}, only="http://b")

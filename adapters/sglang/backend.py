@@ -44,74 +44,40 @@ import asyncio
 import dataclasses
 import functools
 import itertools
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix, sample_seed
+from spec_tot.adapters.http import EndpointPool, query_key, split_http_options
+from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Capabilities,
     FinishReason,
     GenerateRequest,
     GenerateResult,
-    Priority,
+    RewardItem,
 )
 
-from ._common import (
-    aborted_result,
-    split_http_options,
-    sse_events,
-)
-from ._http import EndpointPool, HttpConfig, query_key
-from ._sglang_parts import Member, SGLangLoads, SGLangRewards, WireGroup, parse_output
+from .config import DEFAULT_URLS, SGLangConfig
+from .groups import Member, WireGroup, aborted_result
+from .loads import LoadPoller
+from .protocol import SGLANG_WIRE, parse_output, speculation_counts
+from .rewards import SGLangScorer
+from .wire import abort_samples, send_once, send_stream, wire_body
 
-__all__ = ["SGLangBackend", "SGLangConfig", "create_sglang"]
-
-_DEFAULT_URLS = ("http://127.0.0.1:30000",)
+__all__ = ["SGLangBackend", "create_sglang"]
 
 
-@dataclass(frozen=True, slots=True)
-class SGLangConfig:
-    """``reward``: ``"classify"`` (a reward model served with ``--is-embedding``; its logit
-    goes through a sigmoid unless ``reward_sigmoid`` is off) or ``"generative"`` (a policy-
-    style judge scored by P(good token) from one greedy token with ``return_logprob``)."""
+class SGLangBackend(GenerationBackend, RewardBackend):
+    """SGLang's native API over an ``EndpointPool`` (the module docstring: what it relies
+    on). A ``pool`` given is used as is: build it with ``protocol=SGLANG_WIRE`` for its
+    deadlines to follow each request's token budget."""
 
-    urls: tuple[str, ...] = _DEFAULT_URLS
-    stream: bool = False
-    dedup: bool = True
-    dedup_window_s: float = 0.0  # 0: merge what arrives in the same event-loop tick
-    # SGLang's ``sampling_seed`` (deterministic inference); spec-tot serve honours it.
-    forward_seed: bool = True
-    reward: str = "classify"
-    reward_sigmoid: bool = True
-    reward_per_step: bool = False  # classify: score every step prefix, not just the trace
-    reward_template: str = "{question}\n{steps}"
-    judge_suffix: str = "\nIs the last step correct? Answer:"
-    good_token_id: int | None = None
-    bad_token_id: int | None = None
-    saturation_batch: int | None = None
-    load_poll_s: float = 0.5  # how often /v1/loads is read for reported_load; 0: never
-    http: HttpConfig = field(default_factory=HttpConfig)
-
-    def __post_init__(self) -> None:
-        if not self.urls:
-            raise ConfigError("urls", "give at least one SGLang URL")
-        if self.reward not in ("classify", "generative"):
-            raise ConfigError("reward", f"must be 'classify' or 'generative', not {self.reward!r}")
-        if not (self.load_poll_s >= 0):
-            raise ConfigError("load_poll_s", f"must be >= 0, got {self.load_poll_s}")
-        if self.reward == "generative" and self.good_token_id is None:
-            raise ConfigError("good_token_id", "the generative PRM needs the 'good' token id")
-
-
-class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend):
     def __init__(self, config: SGLangConfig, pool: EndpointPool | None = None) -> None:
         self.config = config
-        self.pool = pool or EndpointPool(list(config.urls), config.http)
+        self.pool = pool or EndpointPool(list(config.urls), config.http, protocol=SGLANG_WIRE)
+        self.scorer = SGLangScorer(self.pool, config)
+        self.loads = LoadPoller(self.pool, config.load_poll_s)
         self._info: dict[str, Any] | None = None
         self._info_fetch: asyncio.Future[tuple[str, Any]] | None = None
         self._members: dict[str, Member] = {}
@@ -119,9 +85,7 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         self._collecting: dict[Any, WireGroup] = {}
         self._serial = itertools.count(1)
         self._side: set[asyncio.Task[Any]] = set()
-        self._loads: dict[str, float] = {}
-        self._poller: asyncio.Task[None] | None = None
-        self.counters = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
+        self.counters: dict[str, float] = {"wire_requests": 0, "merged": 0, "server_aborts": 0}
 
     # -- contract ----------------------------------------------------------------------------
     @property
@@ -150,21 +114,11 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         attempts = sum(e.attempts for e in self.pool.endpoints.values())
         return {**{k: float(v) for k, v in self.counters.items()}, "http_attempts": attempts}
 
-    def _count_speculation(self, meta: Any) -> None:
-        """Add one output's speculative-decoding figures (module docstring) to the counters."""
-        if not isinstance(meta, dict) or not isinstance(meta.get("spec_verify_ct"), int):
-            return
-        passes = meta["spec_verify_ct"]
-        counts = {
-            "num_verify_rows": passes,
-            "num_decode_rows": passes,
-            "num_decode_tokens": meta.get("completion_tokens"),
-            "num_draft_tokens": meta.get("spec_draft_token_num"),
-            "num_accepted_tokens": meta.get("spec_accept_token_num"),
-        }
-        for key, value in counts.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                self.counters[key] = self.counters.get(key, 0) + value
+    def reported_load(self) -> float | None:
+        return self.loads.reported_load()
+
+    async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
+        return await self.scorer.score(items)
 
     def progress(self, request_id: str) -> int:
         """Tokens streamed so far for a request (streaming mode), 0 when unknown."""
@@ -195,7 +149,7 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
                 await self.server_info()
             except BackendError:
                 self._info = None  # generate() fails over on its own; sizes stay default
-        self._start_polling()
+        self.loads.start()
         member = Member(request, asyncio.get_running_loop().create_future())
         self._members[request.request_id] = member
         self._join(member)
@@ -236,13 +190,11 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         return len(hit)
 
     async def aclose(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        await self.loads.aclose()
         for group in list(self._groups.values()):
             if group.task is not None:
                 group.task.cancel()
-        tasks = [g.task for g in self._groups.values() if g.task is not None]
+        tasks: list[asyncio.Future[Any]] = [g.task for g in self._groups.values() if g.task]
         if self._info_fetch is not None:
             self._info_fetch.cancel()
             tasks.append(self._info_fetch)
@@ -303,11 +255,14 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
                 del self._collecting[group.key]
             if not group.live():
                 return
-            body = self._body(group)
+            body = wire_body(group, self.config, self._info or {})
             self.counters["wire_requests"] += 1
             try:
+                incremental = bool((self._info or {}).get("stream_output"))
                 outs = await (
-                    self._stream(group, body) if self.config.stream else self._once(group, body)
+                    send_stream(self.pool, group, body, incremental)
+                    if self.config.stream
+                    else send_once(self.pool, group, body)
                 )
             except asyncio.CancelledError:
                 if group.endpoint is not None and not group.aborted:
@@ -328,7 +283,8 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
                     m.future.set_exception(err)
                 return
             for out, _ in outs:
-                self._count_speculation(out.get("meta_info"))
+                for key, value in speculation_counts(out.get("meta_info")).items():
+                    self.counters[key] = self.counters.get(key, 0) + value
             meta = outs[0][0].get("meta_info") or {} if outs else {}
             for m in group.live():
                 comps = [parse_output(o, ids) for o, ids in outs[m.offset : m.offset + m.request.n]]
@@ -347,113 +303,12 @@ class SGLangBackend(SGLangRewards, SGLangLoads, GenerationBackend, RewardBackend
         finally:
             self._forget(group)
 
-    def _body(self, group: WireGroup) -> dict[str, Any]:
-        """One prompt per sample, each with its own rid and seed (never ``n`` > 1: see the
-        module docstring); a lone sample goes as a single request."""
-        req = group.members[0].request
-        s = req.sampling
-        base: dict[str, Any] = {
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "max_new_tokens": s.max_tokens,
-        }
-        if s.stop:
-            base["stop"] = list(s.stop)
-        if s.stop_token_ids:
-            base["stop_token_ids"] = list(s.stop_token_ids)
-        params: list[dict[str, Any]] = []
-        group.rids = []
-        for m in group.members:
-            seed = m.request.sampling.seed if self.config.forward_seed else None
-            for k in range(m.request.n):
-                params.append(
-                    base if seed is None else {**base, "sampling_seed": sample_seed(seed, k)}
-                )
-                group.rids.append(f"{group.wire}{len(group.rids)}#")
-        single = group.n == 1
-        prompt: Any = list(req.prompt_ids) if req.prompt_ids is not None else req.prompt
-        body: dict[str, Any] = {
-            "input_ids" if req.prompt_ids is not None else "text": prompt
-            if single
-            else [prompt] * group.n,
-            "sampling_params": params[0] if single else params,
-            "rid": group.rids[0] if single else group.rids,
-            "stream": self.config.stream,
-        }
-        info = self._info or {}
-        if info.get("enable_priority_scheduling"):
-            # Ours: lower runs first. SGLang's default runs *higher* values first.
-            low_first = bool(info.get("schedule_low_priority_values_first"))
-            body["priority"] = (
-                int(req.priority) if low_first else (int(Priority.SPECULATIVE) - int(req.priority))
-            )
-        return body
-
-    @staticmethod
-    def _route(group: WireGroup) -> str:
-        return query_key(group.members[0].request.request_id)
-
-    def _where(self, group: WireGroup) -> Any:
-        def note(url: str) -> None:
-            group.endpoint = url
-
-        return note
-
-    async def _once(
-        self, group: WireGroup, body: dict[str, Any]
-    ) -> list[tuple[dict[str, Any], None]]:
-        async with self.pool.send(
-            "POST", "/generate", body, key=self._route(group), on_attempt=self._where(group)
-        ) as (endpoint, response):
-            try:
-                value = json.loads(await response.aread())
-            except (httpx.HTTPError, ValueError) as exc:
-                raise BackendError(endpoint.url + "/generate", f"bad reply: {exc!r}") from exc
-        outs = value if isinstance(value, list) else [value]
-        return [(o, None) for o in outs]
-
-    async def _stream(
-        self, group: WireGroup, body: dict[str, Any]
-    ) -> list[tuple[dict[str, Any], list[int] | None]]:
-        latest: dict[int, dict[str, Any]] = {}
-        ids: dict[int, list[int]] = {}
-        incremental = bool((self._info or {}).get("stream_output"))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-
-        def note(url: str) -> None:
-            nonlocal started
-            group.endpoint, started = url, loop.time()
-
-        async with self.pool.send(
-            "POST", "/generate", body, key=self._route(group), on_attempt=note
-        ) as (endpoint, response):
-            async for chunk in sse_events(response, endpoint.url + "/generate"):
-                index = int(chunk.get("index", 0))
-                latest[index] = chunk
-                if incremental:  # --stream-output sends only the new ids
-                    ids.setdefault(index, []).extend(chunk.get("output_ids") or ())
-                meta = chunk.get("meta_info") or {}
-                group.progress[index] = int(meta.get("completion_tokens", 0))
-            # The pool learns speeds from the bodies it reads; a stream it never reads.
-            self.pool.observe(endpoint.url, max(group.progress.values(), default=0),
-                              loop.time() - started)  # fmt: skip
-        return [(latest[i], ids.get(i) if incremental else None) for i in sorted(latest)]
-
     async def _abort_on_server(self, group: WireGroup, rids: Sequence[str]) -> None:
         """Abort each exact server rid on the worker that holds the wire request."""
         if group.endpoint is None or not rids:
             return
         self.counters["server_aborts"] += 1
-        results = await asyncio.gather(
-            *(
-                self.pool.json("POST", "/abort_request", {"rid": r}, only=group.endpoint)
-                for r in rids
-            ),
-            return_exceptions=True,
-        )
-        del results  # best effort: a dead worker has nothing left to abort
+        await abort_samples(self.pool, group.endpoint, rids)
 
 
 def create_sglang(
@@ -463,6 +318,6 @@ def create_sglang(
     (the router balances; aborts still go through it)."""
     if router_url is not None and urls:
         raise ConfigError("router_url", "give urls or router_url, not both")
-    chosen = [router_url] if router_url is not None else list(urls or _DEFAULT_URLS)
+    chosen = [router_url] if router_url is not None else list(urls or DEFAULT_URLS)
     http = split_http_options(options)
     return SGLangBackend(SGLangConfig(urls=tuple(chosen), http=http, **options))

@@ -30,8 +30,9 @@ from typing import Any
 
 import httpx
 
+from spec_tot.adapters.http import EndpointPool, query_key, split_http_options, sse_events
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
-from spec_tot.errors import BackendError, ConfigError
+from spec_tot.errors import BackendError
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -41,80 +42,13 @@ from spec_tot.requests import (
     RewardItem,
 )
 
-from ._common import (
-    judge_probability,
-    reward_texts,
-    spread_scores,
-    sse_events,
-)
-from ._http import EndpointPool, HttpConfig, query_key
+from .config import DEFAULT_URLS, OpenAIConfig
+from .protocol import OPENAI_WIRE, parse_vllm_speculation
+from .rewards import OpenAIScorer
 
-__all__ = [
-    "QWEN_PRM_TEMPLATE",
-    "OpenAICompatBackend",
-    "OpenAIConfig",
-    "create_openai",
-    "parse_vllm_speculation",
-]
+__all__ = ["OpenAICompatBackend", "create_openai"]
 
-# vLLM's Prometheus counter names (without the ``_total`` suffix) -> this library's stat keys
-_VLLM_SPEC = {
-    "vllm:spec_decode_num_drafts": "num_verify_rows",
-    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-}
-
-
-def parse_vllm_speculation(text: str) -> dict[str, float]:
-    """The speculative-decoding counters in a Prometheus text page, summed over labels."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:spec_decode_num_"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0].removesuffix("_total")
-        key = _VLLM_SPEC.get(name)
-        if key is None:
-            continue
-        try:
-            out[key] = out.get(key, 0.0) + float(value)
-        except ValueError:
-            continue
-    return out
-
-
-_DEFAULT_URLS = ("http://127.0.0.1:8000",)
 _REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
-# Qwen2.5-Math-PRM's chat layout; the steps are joined and ended by the step tag.
-QWEN_PRM_TEMPLATE = (
-    "<|im_start|>system\nPlease reason step by step, and put your final answer within "
-    "\\boxed{{}}.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
-    "<|im_start|>assistant\n{steps}<|im_end|><|endoftext|>"
-)
-
-
-@dataclass(frozen=True, slots=True)
-class OpenAIConfig:
-    urls: tuple[str, ...] = _DEFAULT_URLS
-    model: str = "default"
-    reward_model: str | None = None  # defaults to ``model``
-    stream: bool = True
-    reward: str = "pooling"
-    step_tag: str = "<extra_0>"
-    prm_template: str = QWEN_PRM_TEMPLATE
-    judge_template: str = "{question}\n{steps}\nIs the last step correct? Answer:"
-    good_token: str = " Yes"
-    bad_token: str | None = " No"
-    max_running_requests: int = 256
-    saturation_batch: int = 64
-    http: HttpConfig = field(default_factory=HttpConfig)
-
-    def __post_init__(self) -> None:
-        if not self.urls:
-            raise ConfigError("urls", "give at least one server URL")
-        if self.reward not in ("pooling", "generative"):
-            raise ConfigError("reward", f"must be 'pooling' or 'generative', not {self.reward!r}")
 
 
 @dataclass(eq=False)
@@ -140,7 +74,8 @@ class _Run:
 class OpenAICompatBackend(GenerationBackend, RewardBackend):
     def __init__(self, config: OpenAIConfig, pool: EndpointPool | None = None) -> None:
         self.config = config
-        self.pool = pool or EndpointPool(list(config.urls), config.http)
+        self.pool = pool or EndpointPool(list(config.urls), config.http, protocol=OPENAI_WIRE)
+        self.scorer = OpenAIScorer(self.pool, config)
         self._runs: dict[str, _Run] = {}
 
     @property
@@ -270,71 +205,11 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             except (httpx.HTTPError, ValueError) as exc:
                 raise BackendError(where, f"bad or cut reply: {exc!r}") from exc
 
-    # -- rewards -------------------------------------------------------------------------------
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
-        if not items:
-            return []
-        key = query_key(items[0].request_id)
-        if self.config.reward == "pooling":
-            return await self._pooling(items, key)
-        return await self._judge(items, key)
-
-    async def _pooling(self, items: Sequence[RewardItem], key: str) -> list[tuple[float, ...]]:
-        tag = self.config.step_tag
-        texts = [
-            self.config.prm_template.format(
-                question=item.question, steps="".join(s + tag for s in item.steps)
-            )
-            for item in items
-        ]
-        body = {"model": self.config.reward_model or self.config.model, "input": texts}
-        url, value = await self.pool.json("POST", "/pooling", body, key=key)
-        rows = sorted((value or {}).get("data") or [], key=lambda d: int(d.get("index", 0)))
-        if len(rows) != len(items):
-            raise BackendError(url + "/pooling", f"{len(rows)} results for {len(items)} inputs")
-        out: list[tuple[float, ...]] = []
-        for item, row in zip(items, rows, strict=True):
-            steps = row.get("data") or []
-            scores = tuple(float(s[-1]) if isinstance(s, list) else float(s) for s in steps)
-            if len(scores) != len(item.steps):
-                raise BackendError(
-                    url + "/pooling",
-                    f"{len(scores)} step scores for {len(item.steps)} steps "
-                    f"(is the step tag {tag!r} one token?)",
-                )
-            out.append(scores)
-        return out
-
-    async def _judge(self, items: Sequence[RewardItem], key: str) -> list[tuple[float, ...]]:
-        prompts, spans = reward_texts(items, self.config.judge_template, per_step=True)
-        if not prompts:
-            return [() for _ in items]
-        model = self.config.reward_model or self.config.model
-        body = {
-            "model": model,
-            "prompt": prompts,
-            "max_tokens": 1,
-            "temperature": 0.0,
-            "logprobs": 20,
-            "stream": False,
-        }
-        url, value = await self.pool.json("POST", "/v1/completions", body, key=key)
-        choices = sorted((value or {}).get("choices") or [], key=lambda c: int(c["index"]))
-        if len(choices) != len(prompts):
-            raise BackendError(
-                url + "/v1/completions", f"{len(choices)} choices for {len(prompts)} prompts"
-            )
-        probs = []
-        for choice in choices:
-            # logprobs.top_logprobs: per output position, {token text: logprob}.
-            top = ((choice.get("logprobs") or {}).get("top_logprobs") or [{}])[0] or {}
-            probs.append(judge_probability(top, self.config.good_token, self.config.bad_token))
-        return spread_scores(probs, spans, items, per_step=True)
+        return await self.scorer.score(items)
 
 
 def create_openai(urls: Sequence[str] | None = None, **options: Any) -> OpenAICompatBackend:
-    http = options.pop("http", None) or HttpConfig(
-        **{k: options.pop(k) for k in list(options) if k in HttpConfig.__dataclass_fields__}
-    )
-    chosen = tuple(urls) if urls else _DEFAULT_URLS
+    http = split_http_options(options)
+    chosen = tuple(urls) if urls else DEFAULT_URLS
     return OpenAICompatBackend(OpenAIConfig(urls=chosen, http=http, **options))

@@ -1,4 +1,4 @@
-"""Shared async HTTP machinery for the serving adapters (SGLang, OpenAI-compatible).
+"""The worker pool every HTTP backend sends through (SGLang, OpenAI-compatible, plug-ins).
 
 One ``EndpointPool`` owns an ``httpx.AsyncClient`` and a list of worker URLs. Every call
 goes through ``EndpointPool.send``, which:
@@ -10,7 +10,7 @@ goes through ``EndpointPool.send``, which:
   safe to retry: a refused/unsent connection, 502/503/504, and a connection lost before any
   byte of the response arrived (the server saw no complete request, or says it did nothing);
 - gives each request a deadline: the worker's learned seconds per output token times the
-  request's token budget (``max_new_tokens`` / ``max_tokens``), times a slack, plus a floor,
+  request's token budget (read by the backend's ``WireProtocol``), times a slack, plus a floor,
   under a cap; a request that misses it gives up on that worker and is sent to another
   healthy one (never again to the one that may still be running it);
 - keeps a circuit breaker per worker (open after k consecutive failures or missed deadlines,
@@ -31,7 +31,6 @@ import asyncio
 import json
 import random
 import time
-from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,35 +40,20 @@ import httpx
 
 from spec_tot.errors import BackendError, BackendTimeoutError, ConfigError
 
-from ._http_parts import (
-    CircuitBreaker,
-    Endpoint,
-    HttpConfig,
-    Probing,
-    Routing,
-    completion_tokens,
-    request_budget,
-)
+from .breaker import CircuitBreaker
+from .config import HttpConfig
+from .endpoint import Endpoint
+from .probing import HealthProber
+from .protocol import WireProtocol
+from .routing import StickyRoutes
 
-__all__ = [
-    "RETRYABLE_STATUS",
-    "CircuitBreaker",
-    "Endpoint",
-    "EndpointPool",
-    "HttpConfig",
-    "query_key",
-]
+__all__ = ["RETRYABLE_STATUS", "EndpointPool"]
 
 # 502/503/504: a proxy or an overloaded server that did not run the request.
 RETRYABLE_STATUS = frozenset({502, 503, 504})
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
-
-
-def query_key(request_id: str) -> str:
-    """The routing key of a hierarchical id ``query/node/...``: its first segment."""
-    return request_id.split("/", 1)[0]
 
 
 class _Retryable(Exception):
@@ -83,10 +67,15 @@ class _Missed(Exception):
 
 
 @dataclass
-class EndpointPool(Routing, Probing):
+class EndpointPool:
+    """The workers one backend talks to. ``protocol`` (required, so that no backend's pool
+    falls back to the deadline floor unnoticed) reads its bodies' token budgets and its
+    replies' output tokens: the module docstring says what the pool does with them."""
+
     urls: list[str]
     config: HttpConfig = field(default_factory=HttpConfig)
     client: httpx.AsyncClient | None = None
+    protocol: WireProtocol = field(kw_only=True)
     sleep: Sleep = asyncio.sleep
     clock: Clock = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
@@ -107,12 +96,10 @@ class EndpointPool(Routing, Probing):
             )
             for u in self.urls
         }
-        self._home: OrderedDict[str, str] = OrderedDict()
-        self._homed: Counter[str] = Counter()
+        self.routes = StickyRoutes(self.urls, self.endpoints, self.config.affinity_size)
         self._headers = (
             {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         )
-        self._prober: asyncio.Task[None] | None = None
         self._owns_client = self.client is None
         if self.client is None:
             timeout = httpx.Timeout(
@@ -127,17 +114,28 @@ class EndpointPool(Routing, Probing):
             # A fresh connection per request costs one handshake, made in parallel.
             limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
             self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+        self.prober = HealthProber(
+            self.endpoints,
+            self.client,
+            health_path=self.config.health_path,
+            cooldown_s=self.config.breaker_cooldown_s,
+            timeout_s=self.config.probe_timeout_s,
+            headers=self._headers,
+            sleep=self.sleep,
+            clock=self.clock,
+        )
 
     @property
     def http(self) -> httpx.AsyncClient:
         assert self.client is not None
         return self.client
 
+    def home_of(self, key: str) -> str | None:
+        """The worker that ``key``'s requests go to now, if it has one."""
+        return self.routes.home_of(key)
+
     async def aclose(self) -> None:
-        if self._prober is not None:
-            self._prober.cancel()
-            await asyncio.gather(self._prober, return_exceptions=True)
-            self._prober = None
+        await self.prober.aclose()
         if self._owns_client and self.client is not None:
             await self.client.aclose()
 
@@ -171,7 +169,7 @@ class EndpointPool(Routing, Probing):
         if opened and missed:
             endpoint.release(asyncio.get_running_loop().time())
         if endpoint.breaker.opened_at is not None:
-            self._watch()
+            self.prober.watch()
 
     # -- sending -------------------------------------------------------------------------------
     def _pick(
@@ -185,7 +183,7 @@ class EndpointPool(Routing, Probing):
                 raise BackendError(only, "not a configured endpoint")
             pool = [pinned] if pinned.breaker.available() else []
         else:
-            pool = self.candidates(key)
+            pool = self.routes.candidates(key)
         pool = [e for e in pool if e.url not in missed]
         endpoint = next((e for e in pool if e.breaker.acquire()), None)
         if endpoint is None:
@@ -210,7 +208,7 @@ class EndpointPool(Routing, Probing):
         deadline, read from the body when not given. The deadline covers the caller's block
         too (reading the body): past it the block is cancelled and ``BackendTimeoutError``
         raised. The response is closed, and the worker's slot released, when the block exits."""
-        budget = budget if budget is not None else request_budget(body)
+        budget = budget if budget is not None else self.protocol.request_budget(body)
         loop = asyncio.get_running_loop()
         errors: list[str] = []
         missed: set[str] = set()  # workers that may still run it: never sent it again
@@ -223,7 +221,7 @@ class EndpointPool(Routing, Probing):
             if endpoint is None:
                 continue
             endpoint.attempts += 1
-            self._settle(key, endpoint)  # now, so a query's concurrent requests follow it
+            self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it
             if on_attempt is not None:
                 on_attempt(endpoint.url)  # the caller must know where to abort, before any reply
             where = endpoint.url + path
@@ -243,7 +241,7 @@ class EndpointPool(Routing, Probing):
                         finally:
                             await response.aclose()
                     if budget:
-                        done = completion_tokens(response)
+                        done = self.protocol.tokens_of(response)
                         if done:
                             self.observe(endpoint.url, done, loop.time() - started)
                     return

@@ -1,0 +1,42 @@
+"""The OpenAI-compatible backend's settings, and the PRM prompt layout it defaults to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spec_tot.adapters.http import HttpConfig
+from spec_tot.errors import ConfigError
+
+__all__ = ["DEFAULT_URLS", "QWEN_PRM_TEMPLATE", "OpenAIConfig"]
+
+DEFAULT_URLS = ("http://127.0.0.1:8000",)
+
+# Qwen2.5-Math-PRM's chat layout; the steps are joined and ended by the step tag.
+QWEN_PRM_TEMPLATE = (
+    "<|im_start|>system\nPlease reason step by step, and put your final answer within "
+    "\\boxed{{}}.<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
+    "<|im_start|>assistant\n{steps}<|im_end|><|endoftext|>"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    urls: tuple[str, ...] = DEFAULT_URLS
+    model: str = "default"
+    reward_model: str | None = None  # defaults to ``model``
+    stream: bool = True
+    reward: str = "pooling"
+    step_tag: str = "<extra_0>"
+    prm_template: str = QWEN_PRM_TEMPLATE
+    judge_template: str = "{question}\n{steps}\nIs the last step correct? Answer:"
+    good_token: str = " Yes"
+    bad_token: str | None = " No"
+    max_running_requests: int = 256
+    saturation_batch: int = 64
+    http: HttpConfig = field(default_factory=HttpConfig)
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ConfigError("urls", "give at least one server URL")
+        if self.reward not in ("pooling", "generative"):
+            raise ConfigError("reward", f"must be 'pooling' or 'generative', not {self.reward!r}")
