@@ -46,7 +46,6 @@ from spec_tot.requests import (
 __all__ = ["make_backend", "tiny_llama", "tiny_prm"]
 
 LONG = SamplingParams(temperature=1.0, seed=1, max_tokens=400, ignore_eos=True)
-HERE = Path(__file__).parent
 
 
 def test_messages_cross_as_typed_msgpack_not_pickle() -> None:

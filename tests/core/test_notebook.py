@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "examples" / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "examples" / "notebooks"
 
 
 def _execute(name: str) -> tuple[str, list[Any]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import spec_tot
 
 CORE = Path(spec_tot.__file__).parent
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PLUG_INS = ("graphs", "adapters", "examples", "benchmarks")
 
 

@@ -14,7 +14,7 @@ import torch
 from spec_tot.errors import ConfigError
 from spec_tot.graphs import game24_task as g24
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def test_solver_known_puzzles() -> None:

@@ -360,7 +360,7 @@ async def test_a_sigstopped_process_is_routed_around_and_taken_back(
     """The real thing: a worker process stopped with SIGSTOP, then continued."""
     script = (
         "import asyncio, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
         "from fake_sglang import FakeSGLang\n"
         "async def main():\n"
         "    srv = await FakeSGLang().start()\n"
