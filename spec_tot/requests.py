@@ -70,6 +70,20 @@ class FinishReason(IntEnum):
     LENGTH = 1  # max_tokens reached
     ABORT = 2  # aborted by id or prefix
 
+    @classmethod
+    def from_wire(cls, name: object) -> FinishReason:
+        """A server's ``finish_reason`` (``"stop"``, ``"length"``, ``"abort"``: SGLang's and
+        OpenAI's spelling); anything else (``"tool_calls"``, a matched stop string's type,
+        None) is a stop."""
+        return _WIRE_REASONS.get(str(name), cls.STOP)
+
+
+_WIRE_REASONS = {
+    "stop": FinishReason.STOP,
+    "length": FinishReason.LENGTH,
+    "abort": FinishReason.ABORT,
+}
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -48,8 +48,6 @@ from .rewards import OpenAIScorer
 
 __all__ = ["OpenAICompatBackend", "create_openai"]
 
-_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
 
 @dataclass(eq=False)
 class _Run:
@@ -174,7 +172,7 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             if delta and text:
                 run.chunks[i] = run.chunks.get(i, 0) + 1  # vLLM streams about a token a chunk
             if choice.get("finish_reason"):
-                run.reasons[i] = _REASONS.get(str(choice["finish_reason"]), FinishReason.STOP)
+                run.reasons[i] = FinishReason.from_wire(choice["finish_reason"])
         usage = payload.get("usage") or {}
         run.prompt_tokens = int(usage.get("prompt_tokens") or run.prompt_tokens)
 

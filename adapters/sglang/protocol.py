@@ -18,8 +18,6 @@ __all__ = [
     "speculation_counts",
 ]
 
-_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
 
 def parse_output(out: dict[str, Any], ids: Sequence[int] | None = None) -> Completion:
     """One SGLang output object -> Completion (``ids`` overrides incremental stream ids)."""
@@ -31,7 +29,7 @@ def parse_output(out: dict[str, Any], ids: Sequence[int] | None = None) -> Compl
         text=str(out.get("text", "")),
         token_ids=token_ids,
         num_tokens=int(meta.get("completion_tokens", len(token_ids))),
-        finish_reason=_REASONS.get(str(kind), FinishReason.STOP),
+        finish_reason=FinishReason.from_wire(kind),
     )
 
 

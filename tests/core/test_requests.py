@@ -189,3 +189,13 @@ def test_capabilities_rejects_non_positive_limits(kwargs: dict, field: str) -> N
     with pytest.raises(ConfigError) as info:
         Capabilities(**kwargs)
     assert info.value.field == field
+
+
+def test_a_servers_finish_reason_maps_to_ours() -> None:
+    from spec_tot.requests import FinishReason
+
+    assert FinishReason.from_wire("stop") is FinishReason.STOP
+    assert FinishReason.from_wire("length") is FinishReason.LENGTH
+    assert FinishReason.from_wire("abort") is FinishReason.ABORT
+    assert FinishReason.from_wire("tool_calls") is FinishReason.STOP
+    assert FinishReason.from_wire(None) is FinishReason.STOP
