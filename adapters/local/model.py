@@ -6,7 +6,9 @@ the new K/V into the pool through ``slot_mapping`` and then attends (``attention
 decode rows read the pool in place, prefill chunks through a gather of their context.
 Everything that depends only on the step (slots, masks, sparsity pattern, RoPE rows) is
 built once per step in ``StepInputs``, not per layer. q/k/v and gate/up are fused at load
-time: fewer kernel launches per layer.
+time: fewer kernel launches per layer. Every matmul goes through a ``Linear`` (``linear.py``:
+oneDNN with pre-packed weights on CPU in float32, ``F.linear`` elsewhere), built once the
+weights are final.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import DenseMeta, SparseMeta, dense_attention, sparse_attention
+from .linear import Linear
 
 __all__ = [
     "DecoderModel",
@@ -176,6 +179,20 @@ class DecoderLayer(nn.Module):
         self.eps = args.rms_norm_eps
         self.heads, self.kv_heads, self.dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.gqa = args.num_heads != args.num_kv_heads
+        self.build_kernels()
+
+    def build_kernels(self) -> None:
+        """(Re)build the matmuls from the current weights (packed copies on CPU). Where
+        oneDNN runs them, gate and up are two matmuls again: silu fused into the gate's,
+        the product into the up's (one pass over ``[T, intermediate]`` instead of four)."""
+        self.qkv_linear = Linear(self.qkv, self.qkv_bias)
+        self.o_linear = Linear(self.o_proj)
+        self.gate_up_linear = Linear(self.gate_up)
+        self.down_linear = Linear(self.down)
+        self.gate_linear = self.up_linear = None
+        if self.gate_up_linear.packed:
+            gate, up = self.gate_up.detach().chunk(2)
+            self.gate_linear, self.up_linear = Linear(gate), Linear(up)
 
     def forward(
         self, x: torch.Tensor, step: StepInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
@@ -183,7 +200,7 @@ class DecoderLayer(nn.Module):
         tokens, dim, heads, kv_heads = x.shape[0], self.dim, self.heads, self.kv_heads
         qk_size = self.q_size + self.kv_size
         h = _rms_norm(x, self.input_norm, self.eps)
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        qkv = self.qkv_linear(h)
         # RoPE on q and k at once: [T, Hq + Hkv, D]
         qk = qkv[:, :qk_size].view(tokens, -1, dim)
         qk = qk * step.cos + qk.roll(dim // 2, -1) * step.sin
@@ -204,10 +221,14 @@ class DecoderLayer(nn.Module):
                 q_part = q[meta.start : meta.start + meta.num_tokens]
                 parts.append(dense_attention(q_part, k_pool, v_pool, meta, self.gqa))
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-        x = x + F.linear(attn.reshape(tokens, self.q_size), self.o_proj)
+        x = self.o_linear.plus(attn.reshape(tokens, self.q_size), x)
         h = _rms_norm(x, self.post_norm, self.eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down)
+        if self.gate_linear is not None and self.up_linear is not None:
+            act = self.up_linear.times(h, self.gate_linear.silu(h))
+        else:
+            gate, up = self.gate_up_linear(h).chunk(2, dim=-1)
+            act = F.silu(gate) * up
+        return self.down_linear.plus(act, x)
 
 
 class DecoderModel(nn.Module):
@@ -227,6 +248,7 @@ class DecoderModel(nn.Module):
         self.lm_head = (
             None if args.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         )
+        self.head_linear = Linear(self.embed if self.lm_head is None else self.lm_head)
         cos, sin = rope_tables(inv_freq, args.max_position_embeddings, rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -259,6 +281,7 @@ class DecoderModel(nn.Module):
                 gate_up = [get(f"{p}mlp.{n}_proj.weight") for n in ("gate", "up")]
                 layer.gate_up.copy_(torch.cat(gate_up))
                 layer.down.copy_(get(p + "mlp.down_proj.weight"))
+        self.build_kernels()
 
     def init_random(self, std: float, seed: int) -> None:
         """Random weights (throughput studies): normal(0, std), norms at 1."""
@@ -271,6 +294,15 @@ class DecoderModel(nn.Module):
                     param.zero_()
                 else:
                     param.normal_(0.0, std, generator=gen)
+        self.build_kernels()
+
+    def build_kernels(self) -> None:
+        """Take the matmuls' packed weights from the current values (``linear.py``): done by
+        ``load_hf_weights`` and ``init_random``; again after any other change of a weight or
+        its device."""
+        for layer in self._layers:
+            layer.build_kernels()
+        self.head_linear = Linear(self.embed if self.lm_head is None else self.lm_head)
 
     def layer(self, index: int) -> DecoderLayer:
         layer = self.layers[index]
@@ -294,5 +326,4 @@ class DecoderModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on selected rows only (``[..., hidden]``)."""
         h = _rms_norm(hidden, self.norm, self.args.rms_norm_eps)
-        head = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(h, head).float()
+        return self.head_linear(h).float()

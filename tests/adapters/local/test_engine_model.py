@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -34,17 +35,25 @@ def _hf_greedy(path: Path, ids: list[int], max_new: int) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    ("family", "tie", "rope"),
+    ("family", "tie", "rope", "hidden"),
     [
-        ("llama", False, None),
-        ("qwen2", True, None),
-        ("llama", False, {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}),
+        ("llama", False, None, 64),
+        ("qwen2", True, None, 64),
+        ("llama", False, {"rope_type": "linear", "factor": 2.0, "rope_theta": 5000.0}, 64),
+        ("qwen2", True, None, 512),  # weights big enough for oneDNN (CPU), q/k/v biases
     ],
 )
 def test_greedy_matches_transformers(
-    tmp_path: Path, make_engine: Any, family: str, tie: bool, rope: dict[str, Any] | None
+    tmp_path: Path,
+    make_engine: Any,
+    family: str,
+    tie: bool,
+    rope: dict[str, Any] | None,
+    hidden: int,
 ) -> None:
-    path = make_tiny_model(tmp_path / family, family=family, tie=tie, rope=rope, seed=3)
+    path = make_tiny_model(
+        tmp_path / family, family=family, tie=tie, rope=rope, seed=3, hidden=hidden
+    )
     engine = make_engine(path)
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(GenerateRequest(f"r{i}", GREEDY, prompt=prompt))
@@ -53,6 +62,79 @@ def test_greedy_matches_transformers(
         ids = engine.encode(prompt)
         mine = list(results[f"r{i}"].completions[0].token_ids)
         assert mine == _hf_greedy(path, ids, GREEDY.max_tokens), prompt
+
+
+def _our_logits(path: Path, ids: list[int]) -> tuple[torch.Tensor, Any]:
+    """Logits of every position: a prefill of all but the last token (dense attention),
+    then the last as a decode row (the sparse path), straight through the model runner."""
+    from spec_tot.adapters.local.loader import load_model_folder
+    from spec_tot.adapters.local.model import KVCache
+    from spec_tot.adapters.local.runner import ModelRunner
+    from spec_tot.adapters.local.sequence import ScheduledRow
+
+    loaded = load_model_folder(path, "cpu", torch.float32, with_tokenizer=False)
+    cache = KVCache.allocate(loaded.args, 16, 4, "cpu", torch.float32)
+    runner = ModelRunner(loaded.model, cache, "cpu")
+    seq = SimpleNamespace(token_ids=ids, block_table=list(range(-(-len(ids) // 4))))
+    n = len(ids) - 1
+    prefill = runner.run([ScheduledRow(seq, 0, n)], 0, list(range(n)), [])  # type: ignore[arg-type]
+    decode = runner.run([ScheduledRow(seq, n, 1)], 1, [0], [])  # type: ignore[arg-type]
+    return torch.cat([prefill, decode]), loaded.model
+
+
+@pytest.mark.parametrize(("family", "hidden"), [("llama", 64), ("qwen2", 512), ("llama", 512)])
+def test_logits_match_transformers_forward(tmp_path: Path, family: str, hidden: int) -> None:
+    """fp32 logits as exact as transformers' fp32 forward (both against it in float64), on
+    the kernels each size takes (hidden 512: oneDNN on CPU, with q/k/v biases for qwen2)."""
+    path = make_tiny_model(tmp_path / family, family=family, hidden=hidden, seed=5)
+    ids = [1, *range(10, 40)]
+    ours, model = _our_logits(path, ids)
+    layer = model.layer(0)
+    kinds = {lin.kernel(1) for lin in (layer.qkv_linear, layer.o_linear, layer.down_linear)}
+    if hidden == 512 and torch.backends.mkldnn.is_available():
+        assert kinds == {"onednn"} and layer.gate_linear is not None
+    elif hidden == 64:
+        assert kinds == {"torch"}
+    hf = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0]
+        exact = hf.double()(torch.tensor([ids])).logits[0]
+    # float32's own error here: transformers' fp32 forward against the same in float64
+    hf_error = float((ref.double() - exact).abs().max())
+    our_error = float((ours.double() - exact).abs().max())
+    assert our_error <= 5 * hf_error + 1e-6, (our_error, hf_error)
+    assert torch.allclose(ours, ref, rtol=0, atol=5e-5 * float(ref.abs().max()))
+
+
+def test_linear_kernels_agree() -> None:
+    """oneDNN's matmul and its fused epilogues against ``F.linear``: float32 rounding; the
+    sum and product bit for bit the unfused ones; a row's result the same in any batch."""
+    import torch.nn.functional as F
+
+    from spec_tot.adapters.local.linear import Linear
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("oneDNN not built into this torch")
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(1024, 512, generator=gen) * 0.05
+    bias = torch.randn(1024, generator=gen)
+    x = torch.randn(37, 512, generator=gen)
+    other = torch.randn(37, 1024, generator=gen)
+    lin = Linear(weight, bias)
+    assert lin.packed and lin.kernel(1) == "onednn"
+    y = lin(x)
+    ref = F.linear(x, weight, bias)
+    assert torch.allclose(y, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(lin.plus(x, other), y + other)
+    assert torch.equal(lin.times(x, other), y * other)
+    assert torch.allclose(lin.silu(x), F.silu(ref), rtol=1e-5, atol=1e-5)
+    for rows in (1, 2, 5, 16):
+        assert torch.equal(lin(x[:rows].contiguous()), y[:rows])
+    small = Linear(weight[:64, :64].contiguous())  # few rows: MKL's lower per-call cost
+    assert small.kernel(1) == "torch" and small.kernel(4096) == "onednn"
+    assert torch.equal(small(x[:3, :64]), F.linear(x[:3, :64], weight[:64, :64]))
+    cold = Linear(weight.to(torch.bfloat16))  # other dtypes: F.linear on the weight itself
+    assert not cold.packed and cold.weight is not None
 
 
 def _generate(engine: Any, prompts: list[str], params: SamplingParams) -> list[tuple[int, ...]]:
