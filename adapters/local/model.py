@@ -187,12 +187,12 @@ class DecoderLayer(nn.Module):
         the product into the up's (one pass over ``[T, intermediate]`` instead of four)."""
         self.qkv_linear = Linear(self.qkv, self.qkv_bias)
         self.o_linear = Linear(self.o_proj)
-        self.gate_up_linear = Linear(self.gate_up)
         self.down_linear = Linear(self.down)
-        self.gate_linear = self.up_linear = None
-        if self.gate_up_linear.packed:
-            gate, up = self.gate_up.detach().chunk(2)
-            self.gate_linear, self.up_linear = Linear(gate), Linear(up)
+        gate, up = (Linear(w) for w in self.gate_up.detach().chunk(2))
+        # Exactly one of the two is built: packing the fused weight as well would hold a
+        # third copy of the MLP's weights that the split path never reads.
+        self.gate_up_split: tuple[Linear, Linear] | None = (gate, up) if gate.packed else None
+        self.gate_up_linear = None if gate.packed else Linear(self.gate_up)
 
     def forward(
         self, x: torch.Tensor, step: StepInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
@@ -223,9 +223,11 @@ class DecoderLayer(nn.Module):
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
         x = self.o_linear.plus(attn.reshape(tokens, self.q_size), x)
         h = _rms_norm(x, self.post_norm, self.eps)
-        if self.gate_linear is not None and self.up_linear is not None:
-            act = self.up_linear.times(h, self.gate_linear.silu(h))
+        if self.gate_up_split is not None:
+            gate_linear, up_linear = self.gate_up_split
+            act = up_linear.times(h, gate_linear.silu(h))
         else:
+            assert self.gate_up_linear is not None  # built whenever the split is not
             gate, up = self.gate_up_linear(h).chunk(2, dim=-1)
             act = F.silu(gate) * up
         return self.down_linear.plus(act, x)

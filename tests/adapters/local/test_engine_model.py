@@ -92,7 +92,7 @@ def test_logits_match_transformers_forward(tmp_path: Path, family: str, hidden: 
     layer = model.layer(0)
     kinds = {lin.kernel(1) for lin in (layer.qkv_linear, layer.o_linear, layer.down_linear)}
     if hidden == 512 and torch.backends.mkldnn.is_available():
-        assert kinds == {"onednn"} and layer.gate_linear is not None
+        assert kinds == {"onednn"} and layer.gate_up_split is not None
     elif hidden == 64:
         assert kinds == {"torch"}
     hf = AutoModelForCausalLM.from_pretrained(path).eval()
