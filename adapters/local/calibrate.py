@@ -52,7 +52,7 @@ __all__ = [
     "step_cost_curve",
 ]
 
-_VERSION = 1
+_VERSION = 2  # 2: step-cost curves time decode-only steps at every batch
 
 
 def fit_line(points: dict[int, float]) -> tuple[float, float]:
@@ -124,15 +124,28 @@ def step_cost_curve(
     vocab = engine.loaded.args.vocab_size
     rng = random.Random(0)
     clock = _clock(engine.device)
-    params = SamplingParams(temperature=0.8, max_tokens=steps + 2, ignore_eos=True, seed=0)
     runs: dict[int, list[float]] = {b: [] for b in _batches(limit)}
     for rep in range(repeats + 1):  # the first round warms up
         for batch in runs:
+            # A batch's prompts may need several steps (batch x context past the step's token
+            # budget); rows whose prompt ended first decode meanwhile, so they get as many
+            # more tokens as there are prompt steps, and every timed step has all ``batch``.
+            prompt_steps = -(-batch * context // engine.config.max_num_batched_tokens)
+            params = SamplingParams(
+                temperature=0.8, max_tokens=steps + 2 + prompt_steps, ignore_eos=True, seed=0
+            )
             for i in range(batch):
                 ids = tuple(rng.randrange(vocab) for _ in range(context))
                 rid = f"__calibration__/{batch}/{rep}/{i}"
                 engine.add_request(GenerateRequest(rid, params, prompt_ids=ids, dedup=False))
-            engine.step()  # the prompts (not timed: a decode step is what saturates)
+            # The prompts, not timed (a decode step is what saturates): step until a step
+            # decodes only. Timing a step that still prefills put a 256-row "decode" step
+            # at 6x a 128-row one (its median mixed 4096-token prompt steps in).
+            decoding = engine.num_decode_steps
+            for _ in range(prompt_steps + 1):
+                engine.step()
+                if engine.num_decode_steps > decoding:
+                    break
             times = []
             for _ in range(steps):
                 start = clock()

@@ -4,24 +4,26 @@ text with length checks, and start-up calibration cached per model and machine."
 from __future__ import annotations
 
 import json
+import time as time_module
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from engine_fixtures import make_backend, tiny_llama, tiny_prm
+from engine_fixtures import make_backend, make_engine, tiny_llama, tiny_prm
 
 from spec_tot.adapters.local.calibrate import (
     CalibrationCache,
     disturbed,
     fit_line,
     saturation_from_curve,
+    step_cost_curve,
 )
 from spec_tot.adapters.local.prm import PrmScorer
 from spec_tot.errors import ConfigError
 from spec_tot.requests import RewardItem
 
-__all__ = ["make_backend", "tiny_llama", "tiny_prm"]
+__all__ = ["make_backend", "make_engine", "tiny_llama", "tiny_prm"]
 
 torch.set_num_threads(1)
 
@@ -130,6 +132,48 @@ async def test_step_cost_calibration_is_cached(
     file.write_text(json.dumps({"curve": {"1": 9.0, "2": 4.5, "4": 9.0, "8": 9.5}}))
     extra = make_backend(saturation_batch=None, max_num_seqs=8).capabilities.extra
     assert extra["step_s_b1"] < 1.0 and extra["step_s_b2"] != 4.5
+
+
+def test_step_cost_curve_times_only_decode_steps_of_the_whole_batch(
+    make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 rows x 64 prompt tokens = 512 tokens against a 128-token step budget: four prompt
+    # steps per batch. A timed step that still prefilled once made a 256-row step of the
+    # shipped policy cost 6x a 128-row one (its median mixed prompt steps in).
+    engine = make_engine(max_num_seqs=8, max_num_batched_tokens=128, num_kv_blocks=512)
+    timed: list[tuple[int, bool]] = []  # (rows, decode-only) of each timed step
+    clock_last = {"value": False}  # the last thing before this step was the curve's clock
+    plain_step, plain_add, plain_abort = engine.step, engine.add_request, engine.abort
+    clock = time_module.thread_time
+
+    def step() -> Any:
+        before, rows = engine.num_decode_steps, len(engine.scheduler.running)
+        out = plain_step()
+        if clock_last["value"]:
+            timed.append((rows, engine.num_decode_steps > before))
+        clock_last["value"] = False
+        return out
+
+    def untimed(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            clock_last["value"] = False
+            return fn(*args, **kwargs)
+
+        return call
+
+    def thread_time() -> float:
+        clock_last["value"] = True
+        return clock()
+
+    monkeypatch.setattr(engine, "step", step)
+    monkeypatch.setattr(engine, "add_request", untimed(plain_add))
+    monkeypatch.setattr(engine, "abort", untimed(plain_abort))
+    monkeypatch.setattr("spec_tot.adapters.local.calibrate.time.thread_time", thread_time)
+    curve = step_cost_curve(engine, context=64, steps=3, repeats=1)
+    assert sorted(curve) == [1, 2, 4, 8]
+    # every timed step decoded only, with every row of its batch (none finished early);
+    # two rounds (the first warms up) of three steps per batch size
+    assert timed == [(b, True) for _ in range(2) for b in (1, 2, 4, 8) for _ in range(3)]
 
 
 def test_a_disturbed_step_curve_is_recognised() -> None:
