@@ -1,8 +1,13 @@
 """Attention over the paged KV pool, for a packed step (all tokens of all rows in one list).
 
-Two paths, chosen per step by ``AttentionMeta``:
+Three paths, chosen per step by the meta the runner builds:
 
-- **Decode rows** (one new token each) under ``attention="sparse"`` (the CPU default) read
+- **Decode rows** (one new token each) under ``attention="paged"`` (the CPU default where
+  a C compiler is found) run a fused kernel (``csrc/paged_decode.c``) that reads each
+  row's K/V through its block table, one (row, KV head) pair per work item: no pattern, no
+  copy. Per layer inside the engine at 64 rows (contexts 17-112, 2 threads): 1.48x faster
+  than the sparse path below at SmolLM2's shape (9/3 heads x 64), 1.79x at 4/4 x 32.
+- **Decode rows** under ``attention="sparse"`` (the CPU fallback without a compiler) read
   the pool in place: the scores are a sampled dense-dense product (``torch.sparse.
   sampled_addmm``) at exactly the (query head, context slot) pairs each row may see, and the
   output a sparse-dense product of the probabilities with the pool's V. No per-layer copy of
@@ -24,7 +29,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["DenseMeta", "SparseMeta", "dense_attention", "sparse_attention"]
+from .paged_kernel import PagedDecodeKernel
+
+__all__ = [
+    "DenseMeta",
+    "PagedMeta",
+    "SparseMeta",
+    "dense_attention",
+    "pool_attention",
+    "sparse_attention",
+]
 
 
 @dataclass(slots=True)
@@ -44,6 +58,17 @@ class SparseMeta:
     width: int
     num_rows: int
     flat: torch.Tensor | None = None  # ragged: each entry's index in [n * Hq * width]
+
+
+@dataclass(slots=True)
+class PagedMeta:
+    """Tokens ``0..num_rows-1`` of the packed step, each one query: its block table (a row
+    of ``tables``, ``[num_rows, max_blocks]``) and its context length (position + 1)."""
+
+    tables: torch.Tensor
+    lengths: torch.Tensor
+    num_rows: int
+    kernel: PagedDecodeKernel
 
 
 @dataclass(slots=True)
@@ -84,6 +109,19 @@ def sparse_attention(
     )
     out: torch.Tensor = torch.sparse.mm(weights, v_flat)
     return out.view(n, heads, dim)
+
+
+def pool_attention(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    meta: SparseMeta | PagedMeta,
+    scale: float,
+) -> torch.Tensor:
+    """The in-place paths: ``q`` ``[n, Hq, D]`` -> ``[n, Hq, D]``."""
+    if isinstance(meta, PagedMeta):
+        return meta.kernel.attend(q, k_pool, v_pool, meta.tables, meta.lengths, scale)
+    return sparse_attention(q, k_pool, v_pool, meta, scale)
 
 
 def dense_attention(

@@ -68,9 +68,11 @@ class EngineConfig:
     batch size, cached per model and machine), an int is taken as given.
     ``mixed_steps``: decode rows and prompt chunks share a step under a budget of
     ``max_num_batched_tokens`` tokens (False: the older all-prefill / all-decode steps, whole
-    prompts, kept for comparison). ``attention``: ``"sparse"`` reads the KV pool in place for
-    decode rows, ``"gather"`` gathers contexts for SDPA; ``"auto"`` picks sparse on CPU
-    (float32), gather elsewhere.
+    prompts, kept for comparison). ``attention``: ``"paged"`` runs decode rows through a fused
+    C kernel over the KV pool (built on first use with the machine's C compiler),
+    ``"sparse"`` reads the pool in place through sparse products, ``"gather"`` gathers
+    contexts for SDPA; ``"auto"`` picks paged on CPU (float32; sparse where no kernel
+    builds), gather elsewhere.
 
     Token-level speculative decoding (``tokenspec.py``): ``token_speculation`` is the one
     switch; drafts of up to ``max_draft_tokens`` tokens come from the program's ``drafter``
@@ -138,9 +140,10 @@ class EngineConfig:
                 f"must be >= max_model_len ({self.max_model_len}), got "
                 f"{self.max_num_batched_tokens}",
             )
-        if self.attention not in ("auto", "sparse", "gather"):
+        if self.attention not in ("auto", "paged", "sparse", "gather"):
             raise ConfigError(
-                "attention", f"must be 'auto', 'sparse' or 'gather', got {self.attention!r}"
+                "attention",
+                f"must be 'auto', 'paged', 'sparse' or 'gather', got {self.attention!r}",
             )
         sat = self.saturation_batch
         if sat is not None and (not isinstance(sat, int) or isinstance(sat, bool) or sat < 1):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import DenseMeta, SparseMeta, dense_attention, sparse_attention
+from .attention import DenseMeta, PagedMeta, SparseMeta, dense_attention, pool_attention
 from .linear import Linear
 
 __all__ = [
@@ -124,13 +124,14 @@ class KVCache:
 @dataclass(slots=True)
 class StepInputs:
     """Per-step tensors shared by every layer. Tokens ``0..sparse rows-1`` are decode rows on
-    the sparse path; each ``DenseMeta`` covers a contiguous range of the remaining tokens."""
+    an in-place path (sparse or paged); each ``DenseMeta`` covers a contiguous range of the
+    remaining tokens."""
 
     input_ids: torch.Tensor  # [T]
     slot_mapping: torch.Tensor  # [T] flat pool slots the new K/V go to
     cos: torch.Tensor  # [T, 1, D]
     sin: torch.Tensor
-    sparse: SparseMeta | None = None
+    sparse: SparseMeta | PagedMeta | None = None
     dense: tuple[DenseMeta, ...] = ()
 
 
@@ -210,12 +211,12 @@ class DecoderLayer(nn.Module):
         v_pool.view(-1, kv_heads, dim).index_copy_(0, step.slot_mapping, v)
         sparse = step.sparse
         if sparse is not None and not step.dense:
-            attn = sparse_attention(q, k_pool, v_pool, sparse, self.scale)
+            attn = pool_attention(q, k_pool, v_pool, sparse, self.scale)
         else:
             parts = []
             if sparse is not None:
                 parts.append(
-                    sparse_attention(q[: sparse.num_rows], k_pool, v_pool, sparse, self.scale)
+                    pool_attention(q[: sparse.num_rows], k_pool, v_pool, sparse, self.scale)
                 )
             for meta in step.dense:
                 q_part = q[meta.start : meta.start + meta.num_tokens]

@@ -8,19 +8,25 @@ over layers, and the per-row Python work is reading a few ints and slicing a few
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence as Seq
 
 import torch
 
-from .attention import DenseMeta, SparseMeta
+from spec_tot.errors import ConfigError
+
+from .attention import DenseMeta, PagedMeta, SparseMeta
 from .model import DecoderModel, KVCache, StepInputs
+from .paged_kernel import PagedDecodeKernel, load_paged_kernel
 from .sequence import ScheduledRow
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
-ATTENTION_MODES = ("auto", "sparse", "gather")
-# Prompt chunks of at most this many tokens join the decode rows on the sparse path.
+_log = logging.getLogger("spec_tot.engine")
+
+ATTENTION_MODES = ("auto", "paged", "sparse", "gather")
+# Prompt chunks of at most this many tokens join the decode rows on an in-place path.
 SPARSE_CHUNK_TOKENS = 32
 # A ragged pattern (no padding entries) when padding would be more than 15% of the work and
 # more entries than its few extra ops per layer cost.
@@ -29,8 +35,10 @@ RAGGED_MIN_WASTE = 8192
 
 
 class ModelRunner:
-    """``attention``: ``"sparse"`` reads the pool in place for decode rows (CPU default),
-    ``"gather"`` gathers every context and runs SDPA (CUDA default: fused kernels)."""
+    """``attention``: ``"paged"`` runs decode rows through the fused kernel over the pool
+    (CPU float32 default where it builds), ``"sparse"`` reads the pool in place through
+    sparse products (the CPU fallback), ``"gather"`` gathers every context and runs SDPA
+    (CUDA default: fused kernels). ``kernel_note`` says why ``"auto"`` fell back."""
 
     def __init__(
         self, model: DecoderModel, cache: KVCache, device: str, attention: str = "auto"
@@ -47,8 +55,24 @@ class ModelRunner:
         group = args.num_heads // args.num_kv_heads
         self._head_map = torch.arange(args.num_heads, device=device) // group
         self._dtype = model.embed.dtype
+        self._kernel: PagedDecodeKernel | None = None
+        self.kernel_note = ""
+        in_place = device == "cpu" and self._dtype == torch.float32
+        if attention in ("auto", "paged") and in_place:
+            self._kernel, self.kernel_note = load_paged_kernel()
+        if attention == "paged" and self._kernel is None:
+            raise ConfigError(
+                "attention",
+                "'paged' needs float32 on CPU and a C compiler"
+                + (f" ({self.kernel_note})" if self.kernel_note else ""),
+            )
+        if attention == "auto" and in_place and self._kernel is None:
+            # once per engine: decode attention runs ~2-4x slower on the fallback
+            _log.warning(
+                "paged decode kernel unavailable, using sparse attention: %s", self.kernel_note
+            )
         if attention == "auto":
-            attention = "sparse" if device == "cpu" and self._dtype == torch.float32 else "gather"
+            attention = ("paged" if self._kernel else "sparse") if in_place else "gather"
         self.attention = attention
         self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
         self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
@@ -66,18 +90,46 @@ class ModelRunner:
     def _tensor(self, data: Seq[object]) -> torch.Tensor:
         return torch.tensor(data, dtype=torch.int64, device=self.device)
 
-    def _gather_index(self, rows: Seq[ScheduledRow], width: int) -> torch.Tensor:
-        """``[rows, width]`` flat pool slots of positions ``0..width-1`` of each row (past a
-        row's table: the scratch block)."""
-        bs = self.block_size
-        blocks = -(-width // bs)
+    def _tables(self, rows: Seq[ScheduledRow], blocks: int) -> torch.Tensor:
+        """``[rows, blocks]`` block ids of each row (past a row's table: the scratch block)."""
         tables = []
         for row in rows:
             table = row.seq.block_table[:blocks]
             tables.append(table + [self._scratch] * (blocks - len(table)))
-        table_t = self._tensor(tables)
+        return self._tensor(tables)
+
+    def _gather_index(self, rows: Seq[ScheduledRow], width: int) -> torch.Tensor:
+        """``[rows, width]`` flat pool slots of positions ``0..width-1`` of each row (past a
+        row's table: the scratch block)."""
+        bs = self.block_size
+        table_t = self._tables(rows, -(-width // bs))
         index = (table_t[:, :, None] * bs + self._slot_offsets).view(len(rows), -1)
         return index[:, :width]
+
+    def _token_rows(self, rows: Seq[ScheduledRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Positions of the rows' tokens, one per token, and (when a row has more than one:
+        short prompt chunks, each token a query of its own) the row each token is of."""
+        if all(row.num_tokens == 1 for row in rows):
+            return self._tensor([row.start for row in rows]), None
+        counts = self._tensor([row.num_tokens for row in rows])
+        row_of = torch.repeat_interleave(self._range(len(rows)), counts)
+        first = torch.cumsum(counts, 0) - counts
+        starts = self._tensor([row.start for row in rows])
+        positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
+        return positions - first[row_of], row_of
+
+    def _paged_meta(self, rows: Seq[ScheduledRow]) -> tuple[PagedMeta, torch.Tensor, torch.Tensor]:
+        """Meta of rows whose tokens attend through the fused kernel (a token at position p
+        sees slots 0..p), their write slots and positions."""
+        assert self._kernel is not None  # attention == "paged" only with a kernel
+        bs = self.block_size
+        tables = self._tables(rows, -(-max(row.end for row in rows) // bs))
+        positions, row_of = self._token_rows(rows)
+        if row_of is not None:
+            tables = tables.index_select(0, row_of)
+        slots = tables.gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
+        meta = PagedMeta(tables, positions + 1, positions.numel(), self._kernel)
+        return meta, slots, positions
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         zeros = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device)
@@ -92,15 +144,8 @@ class ModelRunner:
         heads = self._heads
         width = max(row.end for row in rows)
         index = self._gather_index(rows, width)
-        if all(row.num_tokens == 1 for row in rows):
-            positions = self._tensor([row.start for row in rows])
-        else:  # short prompt chunks: each token a row of its own
-            counts = self._tensor([row.num_tokens for row in rows])
-            row_of = torch.repeat_interleave(self._range(len(rows)), counts)
-            first = torch.cumsum(counts, 0) - counts
-            starts = self._tensor([row.start for row in rows])
-            positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
-            positions -= first[row_of]
+        positions, row_of = self._token_rows(rows)
+        if row_of is not None:
             index = index[row_of]
         n = positions.numel()
         slots = index.gather(1, positions[:, None]).squeeze(1)
@@ -171,7 +216,7 @@ class ModelRunner:
         """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
         chunk of a few tokens costs less there than a gather and SDPA of its own) and the
         rest (prompts alone run faster through SDPA)."""
-        if self.attention != "sparse" or not num_decode:
+        if self.attention not in ("sparse", "paged") or not num_decode:
             return [], list(rows)
         small = [r for r in rows[num_decode:] if r.num_tokens <= SPARSE_CHUNK_TOKENS]
         if len(small) == len(rows) - num_decode:
@@ -204,10 +249,11 @@ class ModelRunner:
             else:  # a prompt chunk, or a verify row: its last token and the drafted ones
                 ids.extend(row.input_ids())
         slot_parts, pos_parts = [], []
-        sparse = None
+        sparse: SparseMeta | PagedMeta | None = None
         dense: list[DenseMeta] = []
         if sparse_rows:
-            sparse, slots, pos = self._sparse_meta(sparse_rows)
+            in_place = self._paged_meta if self.attention == "paged" else self._sparse_meta
+            sparse, slots, pos = in_place(sparse_rows)
             slot_parts.append(slots)
             pos_parts.append(pos)
         decode = dense_rows[:num_decode] if not sparse_rows else []

@@ -55,6 +55,7 @@ def _run(engine: Any, staggered: bool = False) -> dict[str, Any]:
         {"mixed_steps": False},
         {"enable_dedup": False},
         {"attention": "gather"},
+        {"attention": "sparse"},  # the default is the paged kernel
         {"max_num_batched_tokens": 9},  # prompts chunked over several steps
         {"num_kv_blocks": 24},  # preemption: speculative work evicted, recomputed
         {"enable_prefix_caching": False},
@@ -99,15 +100,16 @@ def test_a_new_prompt_joins_the_running_batch(make_engine: Any) -> None:
 
 
 @pytest.mark.parametrize("ragged", [True, False])
-def test_sparse_and_gather_attention_agree(
+def test_paged_sparse_and_gather_attention_agree(
     make_engine: Any, ragged: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The in-place sparse decode path (ragged rows, or rows padded to one width) and the
-    gather + SDPA path compute the same logits."""
+    """The fused paged kernel, the in-place sparse decode path (ragged rows, or rows padded
+    to one width) and the gather + SDPA path compute the same logits."""
     from spec_tot.adapters.local import runner
 
     monkeypatch.setattr(runner, "RAGGED_MIN_WASTE", 0)  # ragged as soon as lengths differ
-    engines = [make_engine(attention=a) for a in ("sparse", "gather")]
+    modes = ("sparse", "gather", "paged")
+    engines = [make_engine(attention=a) for a in modes]
     logits = []
     for engine in engines:
         for i in range(6):
@@ -126,5 +128,6 @@ def test_sparse_and_gather_attention_agree(
         tokens = list(range(len(plan.rows)))
         logits.append(engine.runner.run(plan.rows, plan.num_decode, tokens, []))
         engine.abort_all()
-    assert engines[0].runner.attention == "sparse" and engines[1].runner.attention == "gather"
+    assert [e.runner.attention for e in engines] == list(modes)
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(logits[2], logits[1], atol=1e-4, rtol=1e-4)
