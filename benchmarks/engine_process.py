@@ -48,9 +48,10 @@ __all__ = ["bootstrap", "main"]
 
 KINDS: dict[str, dict[str, Any]] = {
     "thread": {"process": False},
-    "process": {},
+    "process": {},  # the default: the PRM in a child of its own
+    "process_shared": {"prm_process": False},  # engine and PRM in one child
     "process_t1": {"threads": 1},
-    "process_prm": {"prm_process": True},
+    "process_t2": {"threads": 2},
 }
 
 

@@ -31,7 +31,7 @@ def create_local(
     *,
     process: bool = True,
     threads: int | None = None,
-    prm_process: bool = False,
+    prm_process: bool = True,
     launcher: str = "auto",
     core_hook: str | None = None,
     **options: Any,

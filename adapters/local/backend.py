@@ -91,12 +91,18 @@ class LocalBackend(GenerationBackend, RewardBackend):
             raise ConfigError("policy_path", "give a policy model, a PRM, or both")
         self.options = options or CoreOptions()
         opts = self.options
-        threads = (opts.threads or default_threads()) if opts.process else None
+        split = opts.process and opts.prm_process and engine is not None and prm is not None
+        threads: tuple[int | None, int | None] = (None, None)
+        if opts.process:
+            threads = default_threads(split)
+        if opts.threads is not None:
+            threads = (opts.threads, opts.threads)
 
         def start(e: EngineConfig | None, p: PrmConfig | None) -> Start:
-            return Start(PROTOCOL, e, p, cache_dir, threads, opts.hook)
+            count = threads[1] if e is None else threads[0]
+            return Start(PROTOCOL, e, p, cache_dir, count, opts.hook)
 
-        if opts.process and opts.prm_process and engine is not None and prm is not None:
+        if split:
             self._policy: _Slot | None = _Slot(start(engine, None))
             self._reward: _Slot | None = _Slot(start(None, prm))
         else:

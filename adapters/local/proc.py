@@ -71,11 +71,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads() -> int:
-    """Torch threads for an engine child: every core but one, which stays for the caller
-    (its executor and search run Python beside the engine; measured on 2 cores, the main
-    job at 32 queries: 1 thread 1.31x the in-thread engine, 2 threads 1.19x)."""
-    return max(1, usable_cores() - 1)
+def default_threads(split: bool = False) -> tuple[int, int]:
+    """Torch threads for the engine child and for the PRM's (``split``: the PRM has a child
+    of its own; else both run in the engine's child, the first figure): every core but one,
+    which stays for the caller (its executor and search run Python beside the engine;
+    measured on 2 cores, the main job at 32 queries: 1 thread 1.31x the in-thread engine, 2
+    threads 1.19x); split, a third of them for the PRM (it scores short traces in few
+    batches) and the rest for the engine, at least one each."""
+    spare = max(1, usable_cores() - 1)
+    if not split:
+        return spare, spare
+    prm = max(1, spare // 3)
+    return max(1, spare - prm), prm
 
 
 def describe_exit(code: int | None) -> str:

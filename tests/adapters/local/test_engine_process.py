@@ -173,14 +173,15 @@ from spec_tot.adapters.local.proc import ForkServer
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 async def main():
-    backend = create_local(policy_path=sys.argv[1], block_size=4, num_kv_blocks=256,
-                           max_model_len=512, saturation_batch=8, threads=1)
-    pid = await backend.check_health()
+    backend = create_local(policy_path=sys.argv[1], prm_path=sys.argv[2], block_size=4,
+                           num_kv_blocks=256, max_model_len=512, saturation_batch=8, threads=1)
+    pid = await backend.check_health()  # starts both cores: the PRM has a child of its own
+    prm_pid = backend._reward.current().pid
     params = SamplingParams(temperature=1.0, max_tokens=400, ignore_eos=True)
     task = asyncio.ensure_future(backend.generate(GenerateRequest("r", params, prompt="go")))
     while backend.stats().get("num_running", 0) < 1:
         await asyncio.sleep(0.005)
-    print(pid, ForkServer.shared().pid, flush=True)
+    print(pid, ForkServer.shared().pid, prm_pid, flush=True)
     try:
         await asyncio.sleep(60)
     finally:
@@ -220,15 +221,16 @@ def _gone(pid: int, within: float) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path) -> None:
-    """Three backend processes at once, each with a generation in flight, ended by SIGKILL,
-    SIGTERM and SIGINT (Ctrl-C: the program's own ``finally`` closes its backend)."""
+def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path, tiny_prm: Path) -> None:
+    """Three backend processes at once, each with a generation in flight and a PRM in a
+    child of its own (the default), ended by SIGKILL, SIGTERM and SIGINT (Ctrl-C: the
+    program's own ``finally`` closes its backend): no core of either kind outlives it."""
     script = textwrap.dedent(_PARENT)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     how = (signal.SIGKILL, signal.SIGTERM, signal.SIGINT)
     parents = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(tiny_llama)],
+            [sys.executable, "-c", script, str(tiny_llama), str(tiny_prm)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -243,12 +245,14 @@ def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path) -> None:
             pids.append([int(x) for x in parent.stdout.readline().split()])
         for parent, sig in zip(parents, how, strict=True):
             parent.send_signal(sig)
-        for parent, sig, (core, server) in zip(parents, how, pids, strict=True):
+        for parent, sig, (core, server, prm) in zip(parents, how, pids, strict=True):
+            assert len({core, server, prm}) == 3
             _wait_or_dump(parent, sig)
             if sig == signal.SIGINT:
                 assert parent.stdout is not None and parent.stdout.read().strip() == "closed"
             assert _gone(core, 10.0), f"engine core {core} outlived its backend ({sig!r})"
             assert _gone(server, 10.0), f"fork server {server} outlived its backend ({sig!r})"
+            assert _gone(prm, 10.0), f"PRM core {prm} outlived its backend ({sig!r})"
     finally:
         for parent in parents:
             if parent.poll() is None:
