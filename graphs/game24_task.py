@@ -247,17 +247,25 @@ def forced_suffix(numbers_before: NumbersLike, partial: str) -> str | None:
     m = _PARTIAL_RE.match(partial)
     if m is None:
         return None
-    a, b = _value(m.group(1)), _value(m.group(3))
+    full = _forced_text(parse_numbers(numbers_before), m.group(1), m.group(2), m.group(3))
+    written = m.group(4)
+    return full[len(written) :] if full is not None and full.startswith(written) else None
+
+
+@lru_cache(maxsize=1 << 14)
+def _forced_text(numbers: Numbers, left: str, op: str, right: str) -> str | None:
+    """What follows ``left op right =`` from ``numbers``. Cached: the engine's drafter asks
+    once per decoded token of a step line, and every token after the ``=`` of a line asks
+    about the same operation (12% of the engine's step time at 32 queries before)."""
+    a, b = _value(left), _value(right)
     if a is None or b is None:
         return None
-    result = _apply(a, m.group(2), b)
-    rest = _remove(parse_numbers(numbers_before), a, b)
+    result = _apply(a, op, b)
+    rest = _remove(numbers, a, b)
     if result is None or rest is None:
         return None
-    left = " ".join(format_number(x) for x in sorted([*rest, result]))
-    full = f"{format_number(result)} (left: {left})"
-    written = m.group(4)
-    return full[len(written) :] if full.startswith(written) else None
+    ordered = " ".join(format_number(x) for x in sorted([*rest, result]))
+    return f"{format_number(result)} (left: {ordered})"
 
 
 @lru_cache(maxsize=1 << 16)
