@@ -6,10 +6,13 @@ order; round 0 is a warm-up and dropped; the prefix cache is flushed before each
 - ``main``: the main job (``spec-tot run``: Game of 24 ranks 901-1000, REBASE, ``full``,
   shipped models, seed 0) at each ``--concurrency``, one fresh backend per run as the CLI
   makes it, queries/s of the batch. Kinds: ``thread`` (``process=False``), ``process`` (the
-  default), ``process_t1`` (the child on one torch thread), ``process_prm`` (the PRM in a
-  process of its own). Per cell: median, bootstrap interval, coefficient of variation over
-  the rounds; per kind vs ``thread``: the median of the per-round ratios with its
-  bootstrap interval; answers compared query by query.
+  default: engine and PRM each in a child of its own), ``process_shared`` (both in one
+  child), ``process_t1`` / ``process_t2`` (children on one / two torch threads). Per cell:
+  median, bootstrap interval, coefficient of variation over the rounds; per kind vs
+  ``thread``: the median of the per-round ratios with its bootstrap interval; answers
+  compared query by query. ``--fresh`` runs every cell in a fresh interpreter (nothing an
+  earlier cell left in the benchmark's own process: a loaded in-thread engine's memory and
+  thread pools, the shared fork server).
 - ``gil``: 64 requests x 48 new tokens through ``LocalBackend`` (the shipped policy), alone
   and beside an asyncio task that runs Python for ``--burn-ms`` of every 4 ms on the same
   event loop (an executor-like duty cycle); output tokens/s, and busy/alone per kind.
@@ -111,6 +114,17 @@ async def _main_job(kind: str, concurrency: int, queries: int) -> dict[str, Any]
     }
 
 
+def _run_cell(kind: str, concurrency: int, queries: int) -> dict[str, Any]:
+    return asyncio.run(_main_job(kind, concurrency, queries))
+
+
+def _fresh_cell(kind: str, concurrency: int, queries: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "cell", "--kinds", kind]
+    command += ["--concurrency", str(concurrency), "--queries", str(queries)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def run_main(args: argparse.Namespace) -> dict[str, Any]:
     kinds = args.kinds.split(",")
     concs = [int(c) for c in args.concurrency.split(",")]
@@ -123,7 +137,7 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
         # the warm-up (imports, the fork server's start) is dropped: it may run fewer queries
         queries = args.queries if rnd else args.warmup_queries or args.queries
         for kind, conc in order:
-            out = asyncio.run(_main_job(kind, conc, queries))
+            out = _fresh_cell(kind, conc, queries) if args.fresh else _run_cell(kind, conc, queries)
             print(f"round {rnd} {kind}@{conc}: {out['queries_per_s']:.2f} q/s "
                   f"{out['solved']}/{queries}", flush=True)  # fmt: skip
             if rnd:
@@ -319,7 +333,7 @@ def run_start(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("scenario", choices=("main", "gil", "start"))
+    parser.add_argument("scenario", choices=("main", "gil", "start", "cell"))
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (+1 warm-up)")
     parser.add_argument("--kinds", default="thread,process")
     parser.add_argument("--concurrency", default="1,32,64")
@@ -328,7 +342,11 @@ def main() -> None:
     parser.add_argument("--burn-ms", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0, help="shuffles the order of cells")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--fresh", action="store_true", help="main: each run in a new python")
     args = parser.parse_args()
+    if args.scenario == "cell":  # one run of --fresh: its result as the last stdout line
+        print(json.dumps(_run_cell(args.kinds, int(args.concurrency), args.queries)))
+        return
     run = {"main": run_main, "gil": run_gil, "start": run_start}[args.scenario]
     load = os.getloadavg()
     result = run(args)
