@@ -92,11 +92,9 @@ class LocalBackend(GenerationBackend, RewardBackend):
         self.options = options or CoreOptions()
         opts = self.options
         split = opts.process and opts.prm_process and engine is not None and prm is not None
-        threads: tuple[int | None, int | None] = (None, None)
+        threads: tuple[int | None, int | None] = (None, None)  # in-thread: the caller's own
         if opts.process:
-            threads = default_threads(split)
-        if opts.threads is not None:
-            threads = (opts.threads, opts.threads)
+            threads = (opts.threads,) * 2 if opts.threads else default_threads(split)
 
         def start(e: EngineConfig | None, p: PrmConfig | None) -> Start:
             count = threads[1] if e is None else threads[0]

@@ -12,6 +12,7 @@ from typing import Any
 from spec_tot.errors import BackendError, ConfigError
 
 __all__ = [
+    "ATTENTION_MODES",
     "DTYPES",
     "LAUNCHERS",
     "CoreOptions",
@@ -26,6 +27,8 @@ __all__ = [
 
 # Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Names accepted for ``EngineConfig.attention`` (the decode paths of ``runner.ModelRunner``).
+ATTENTION_MODES = ("auto", "paged", "sparse", "gather")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +143,9 @@ class EngineConfig:
                 f"must be >= max_model_len ({self.max_model_len}), got "
                 f"{self.max_num_batched_tokens}",
             )
-        if self.attention not in ("auto", "paged", "sparse", "gather"):
-            raise ConfigError(
-                "attention",
-                f"must be 'auto', 'paged', 'sparse' or 'gather', got {self.attention!r}",
-            )
+        if self.attention not in ATTENTION_MODES:
+            names = ", ".join(repr(m) for m in ATTENTION_MODES)
+            raise ConfigError("attention", f"must be one of {names}, got {self.attention!r}")
         sat = self.saturation_batch
         if sat is not None and (not isinstance(sat, int) or isinstance(sat, bool) or sat < 1):
             raise ConfigError("saturation_batch", f"must be an int >= 1, got {sat!r}")

@@ -17,6 +17,7 @@ import torch
 from spec_tot.errors import ConfigError
 
 from .attention import DenseMeta, PagedMeta, SparseMeta
+from .config import ATTENTION_MODES
 from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import PagedDecodeKernel, load_paged_kernel
 from .sequence import ScheduledRow
@@ -25,7 +26,6 @@ __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
 _log = logging.getLogger("spec_tot.engine")
 
-ATTENTION_MODES = ("auto", "paged", "sparse", "gather")
 # Prompt chunks of at most this many tokens join the decode rows on an in-place path.
 SPARSE_CHUNK_TOKENS = 32
 # A ragged pattern (no padding entries) when padding would be more than 15% of the work and

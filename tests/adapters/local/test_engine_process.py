@@ -150,6 +150,24 @@ async def test_the_prm_in_a_process_of_its_own(make_backend: Any, tiny_prm: Path
     assert backend.capabilities.reward_batch_tokens is not None
 
 
+def test_default_threads_split_the_spare_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every core but one for the children; split, a third of them to the PRM's, one each
+    at least."""
+    from spec_tot.adapters.local import proc
+
+    for cores, shared, split in ((1, (1, 1), (1, 1)), (2, (1, 1), (1, 1)), (16, (15, 15), (10, 5))):
+        monkeypatch.setattr(proc, "usable_cores", lambda n=cores: n)
+        assert proc.default_threads() == shared and proc.default_threads(True) == split
+
+
+def test_an_in_thread_core_is_given_no_thread_count(make_backend: Any) -> None:
+    """``threads`` is the children's: an in-thread core runs on the caller's torch setting
+    (the core would otherwise call ``torch.set_num_threads`` in the caller's process)."""
+    backend = make_backend(process=False, threads=3)
+    assert backend._policy.start.threads is None
+    assert make_backend(threads=3)._policy.start.threads == 3
+
+
 async def test_a_spawned_core_serves_like_a_forked_one(make_backend: Any) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=8)
     texts = []
