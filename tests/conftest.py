@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+import torch
 
 from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.backends import GenerationBackend
 from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, RewardItem
+
+# Triton kernels run on CPU only through its interpreter, which Triton fixes when it is first
+# imported: set it before anything imports triton, and only where no GPU could run them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 class RecordingBackend(ScriptedBackend):

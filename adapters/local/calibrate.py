@@ -283,6 +283,7 @@ def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[in
             cfg.max_num_batched_tokens,
             cfg.mixed_steps,
             engine.runner.attention,
+            engine.runner.graphs is not None,
         ],
     }
     key = cache.key("steps", what)

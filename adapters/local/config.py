@@ -75,7 +75,9 @@ class EngineConfig:
     C kernel over the KV pool (built on first use with the machine's C compiler),
     ``"sparse"`` reads the pool in place through sparse products, ``"gather"`` gathers
     contexts for SDPA; ``"auto"`` picks paged on CPU (float32; sparse where no kernel
-    builds), gather elsewhere.
+    builds), gather elsewhere. ``cuda_graphs`` (CUDA only; ignored on CPU): steps whose
+    every token attends through the paged kernel replay from CUDA graphs captured per
+    padded token-count bucket (``cuda_graphs.py``).
 
     Token-level speculative decoding (``tokenspec.py``): ``token_speculation`` is the one
     switch; drafts of up to ``max_draft_tokens`` tokens come from the program's ``drafter``
@@ -101,6 +103,7 @@ class EngineConfig:
     saturation_batch: int | None = None
     mixed_steps: bool = True
     attention: str = "auto"
+    cuda_graphs: bool = True
     synthetic: SyntheticWorkload | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     token_speculation: bool = True
@@ -131,7 +134,7 @@ class EngineConfig:
                 raise ConfigError(name, f"must be an int, got {value!r}")
             if value < 1:
                 raise ConfigError(name, f"must be >= 1, got {value}")
-        for name in ("enable_prefix_caching", "enable_dedup", "mixed_steps"):
+        for name in ("enable_prefix_caching", "enable_dedup", "mixed_steps", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):

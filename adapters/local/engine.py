@@ -48,7 +48,11 @@ from .synthetic import PseudoTokenizer
 from .tokenspec import SpecCounters, TokenSpeculator
 from .validate import RequestValidator
 
-__all__ = ["LLMEngine"]
+__all__ = ["MAX_GRAPH_TOKENS", "LLMEngine"]
+
+# The largest step (in tokens) replayed from a CUDA graph: 64 rows with a few drafted tokens
+# each; larger steps are compute-bound and lose little by launching eagerly.
+MAX_GRAPH_TOKENS = 512
 
 _COUNTERS = (
     "num_steps",
@@ -94,7 +98,15 @@ class LLMEngine:
         self.block_manager = BlockManager(config.num_kv_blocks, bs, config.enable_prefix_caching)
         cache = KVCache.allocate(args, config.num_kv_blocks, bs, self.device, dtype)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(loaded.model, cache, self.device, config.attention)
+        self.runner = ModelRunner(
+            loaded.model,
+            cache,
+            self.device,
+            config.attention,
+            cuda_graphs=config.cuda_graphs,
+            max_len=self.max_len,
+            max_graph_tokens=min(config.max_num_batched_tokens, MAX_GRAPH_TOKENS),
+        )
         self.sampler = Sampler(self.eos_ids)
         self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count(1)
@@ -352,6 +364,8 @@ class LLMEngine:
         self.scheduler.num_preemptions = 0
         if self.speculator is not None:
             self.speculator.reset_counters()
+        if self.runner.graphs is not None:
+            self.runner.graphs.reset_counters()
 
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
@@ -373,6 +387,15 @@ class LLMEngine:
             num_waiting=float(self.scheduler.num_waiting),
             num_dedup_saved_tokens=float(self.num_generated_tokens - self.num_forward_rows),
         )
+        graphs = self.runner.graphs
+        if graphs is not None:
+            g = graphs.stats()
+            out.update(
+                num_graph_steps=float(g.graph_steps),
+                num_eager_steps=float(g.eager_steps),
+                num_graphs_captured=float(g.graphs_captured),
+                num_graph_padded_tokens=float(g.padded_tokens),
+            )
         out.update(
             self.speculator.counters.as_stats() if self.speculator else SpecCounters().as_stats()
         )

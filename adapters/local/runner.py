@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
 
 from spec_tot.errors import ConfigError
 
-from .attention import DenseMeta, PagedMeta, SparseMeta
+from .attention import DenseMeta, PagedKernel, PagedMeta, SparseMeta
 from .config import ATTENTION_MODES
+from .cuda_graphs import GraphedDecode
 from .model import DecoderModel, KVCache, StepInputs
-from .paged_kernel import PagedDecodeKernel, load_paged_kernel
+from .paged_kernel import load_paged_kernel
 from .sequence import ScheduledRow
+from .triton_paged import TritonPagedKernel, load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
@@ -34,14 +37,53 @@ RAGGED_BELOW = 0.85
 RAGGED_MIN_WASTE = 8192
 
 
+def _choose_attention(
+    attention: str, device: str, dtype: torch.dtype
+) -> tuple[str, PagedKernel | None, str]:
+    """The decode path, its paged kernel (None off ``"paged"``) and why ``"auto"`` fell back:
+    the C kernel on CPU in float32, the Triton kernel on CUDA; sparse (CPU) or gather
+    (elsewhere) where neither loads."""
+    kernel: PagedKernel | None = None
+    note = ""
+    cpu_in_place = device == "cpu" and dtype == torch.float32
+    if attention in ("auto", "paged"):
+        if cpu_in_place:
+            kernel, note = load_paged_kernel()
+        elif device.startswith("cuda"):
+            kernel, note = load_triton_kernel(device)
+        else:
+            note = "no paged kernel for this device and dtype"
+    if attention == "paged" and kernel is None:
+        raise ConfigError(
+            "attention",
+            "'paged' needs float32 on CPU with a C compiler, or CUDA with Triton"
+            + (f" ({note})" if note else ""),
+        )
+    if attention == "auto" and kernel is None and (cpu_in_place or device.startswith("cuda")):
+        # once per engine: decode attention runs ~2-4x slower on the fallback
+        _log.warning("paged decode kernel unavailable, using a fallback: %s", note)
+    if attention == "auto":
+        attention = "paged" if kernel else ("sparse" if cpu_in_place else "gather")
+    return attention, kernel, note
+
+
 class ModelRunner:
-    """``attention``: ``"paged"`` runs decode rows through the fused kernel over the pool
-    (CPU float32 default where it builds), ``"sparse"`` reads the pool in place through
-    sparse products (the CPU fallback), ``"gather"`` gathers every context and runs SDPA
-    (CUDA default: fused kernels). ``kernel_note`` says why ``"auto"`` fell back."""
+    """``attention``: ``"paged"`` runs decode rows through a fused kernel over the pool (the
+    C kernel on CPU float32, Triton on CUDA; the default where it loads), ``"sparse"`` reads
+    the pool in place through sparse products (the CPU fallback), ``"gather"`` gathers every
+    context and runs SDPA. ``kernel_note`` says why ``"auto"`` fell back. ``cuda_graphs``
+    (CUDA with the paged kernel): steps whose every token is on the paged path replay from
+    CUDA graphs (``cuda_graphs.py``) up to ``max_graph_tokens`` tokens and ``max_len``."""
 
     def __init__(
-        self, model: DecoderModel, cache: KVCache, device: str, attention: str = "auto"
+        self,
+        model: DecoderModel,
+        cache: KVCache,
+        device: str,
+        attention: str = "auto",
+        cuda_graphs: bool = False,
+        max_len: int | None = None,
+        max_graph_tokens: int = 512,
     ) -> None:
         self.model = model
         self.cache = cache
@@ -55,25 +97,19 @@ class ModelRunner:
         group = args.num_heads // args.num_kv_heads
         self._head_map = torch.arange(args.num_heads, device=device) // group
         self._dtype = model.embed.dtype
-        self._kernel: PagedDecodeKernel | None = None
-        self.kernel_note = ""
-        in_place = device == "cpu" and self._dtype == torch.float32
-        if attention in ("auto", "paged") and in_place:
-            self._kernel, self.kernel_note = load_paged_kernel()
-        if attention == "paged" and self._kernel is None:
-            raise ConfigError(
-                "attention",
-                "'paged' needs float32 on CPU and a C compiler"
-                + (f" ({self.kernel_note})" if self.kernel_note else ""),
-            )
-        if attention == "auto" and in_place and self._kernel is None:
-            # once per engine: decode attention runs ~2-4x slower on the fallback
-            _log.warning(
-                "paged decode kernel unavailable, using sparse attention: %s", self.kernel_note
-            )
-        if attention == "auto":
-            attention = ("paged" if self._kernel else "sparse") if in_place else "gather"
-        self.attention = attention
+        self.attention, self._kernel, self.kernel_note = _choose_attention(
+            attention, device, self._dtype
+        )
+        self.graphs: GraphedDecode | None = None
+        if cuda_graphs and device.startswith("cuda"):
+            if isinstance(self._kernel, TritonPagedKernel):
+                longest = max_len or args.max_position_embeddings
+                self.graphs = GraphedDecode(
+                    model, cache, self._kernel, max_graph_tokens, -(-longest // self.block_size)
+                )
+            else:
+                self.kernel_note = self.kernel_note or "cuda_graphs needs attention='paged'"
+                _log.warning("CUDA graphs off: %s", self.kernel_note)
         self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
         self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
         with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
@@ -282,14 +318,29 @@ class ModelRunner:
         """Copy-on-write copies first, then the forward; returns ``[len(logit_tokens),
         vocab]`` float32 logits of the given packed token indices."""
         self.cache.copy_blocks(cow)
+        graphs = self.graphs
+        if graphs is not None:
+            bucket = graphs.bucket(rows) if self._all_paged(rows, num_decode) else None
+            logits = graphs.run(rows, bucket) if bucket is not None else None
+            if logits is not None:
+                return _select(logits, logit_tokens, self._tensor)
+            graphs.eager_steps += 1
         step, perm = self.prepare(rows, num_decode)
         hidden = self.model(step, self.cache)
         if perm is not None:
             hidden = hidden.index_select(0, perm[self._tensor(logit_tokens)])
             return self.model.logits(hidden)
-        every = len(logit_tokens) == hidden.shape[0] and all(
-            t == i for i, t in enumerate(logit_tokens)
-        )
-        if not every:  # (decode-only steps want every token, in order: no copy)
-            hidden = hidden.index_select(0, self._tensor(logit_tokens))
-        return self.model.logits(hidden)
+        return self.model.logits(_select(hidden, logit_tokens, self._tensor))
+
+    def _all_paged(self, rows: Seq[ScheduledRow], num_decode: int) -> bool:
+        sparse_rows, dense_rows = self._split(rows, num_decode)
+        return bool(sparse_rows) and not dense_rows and self.attention == "paged"
+
+
+def _select(
+    rows: torch.Tensor, tokens: Seq[int], tensor: Callable[[Seq[object]], torch.Tensor]
+) -> torch.Tensor:
+    """Rows ``tokens`` of ``rows`` (no copy when they are every row, in order: decode-only
+    steps)."""
+    every = len(tokens) == rows.shape[0] and all(t == i for i, t in enumerate(tokens))
+    return rows if every else rows.index_select(0, tensor(tokens))

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.nn.functional as F
+from attention_cases import attention_case as _case
+from attention_cases import reference_attention as _reference
 from engine_fixtures import make_engine, tiny_llama
 
 from spec_tot.adapters.local import paged_kernel
@@ -23,46 +24,6 @@ def kernel(tmp_path_factory: pytest.TempPathFactory) -> PagedDecodeKernel:
     if built is None:  # CI has gcc: a missing kernel there is a failure, not a skip
         pytest.fail(f"the paged kernel did not build: {why}")
     return built
-
-
-def _reference(
-    q: torch.Tensor,
-    k_pool: torch.Tensor,
-    v_pool: torch.Tensor,
-    tables: torch.Tensor,
-    lengths: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    _, block_size, kv_heads, dim = k_pool.shape
-    out = []
-    for i in range(q.shape[0]):
-        length = int(lengths[i])
-        slots = (tables[i][:, None] * block_size + torch.arange(block_size)).reshape(-1)
-        slots = slots[:length]
-        k = k_pool.reshape(-1, kv_heads, dim)[slots].transpose(0, 1)[None]
-        v = v_pool.reshape(-1, kv_heads, dim)[slots].transpose(0, 1)[None]
-        o = F.scaled_dot_product_attention(
-            q[i][None, :, None, :], k, v, scale=scale, enable_gqa=True
-        )
-        out.append(o[0, :, 0, :])
-    return torch.stack(out)
-
-
-def _case(
-    n: int, heads: int, kv_heads: int, dim: int, longest: int, seed: int, block_size: int = 16
-) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(seed)
-    blocks = -(-longest // block_size)
-    pool = n * blocks + 3
-    k_pool = torch.randn(pool, block_size, kv_heads, dim, generator=gen)
-    v_pool = torch.randn(pool, block_size, kv_heads, dim, generator=gen)
-    # rows share no block, in a shuffled order; a row's unused entries point anywhere valid
-    tables = torch.randperm(pool, generator=gen)[: n * blocks].view(n, blocks).contiguous()
-    lengths = torch.randint(1, longest + 1, (n,), generator=gen)
-    lengths[0] = longest  # one row fills its table, block boundary included
-    # queries as the model hands them: a slice of a wider [T, Hq + Hkv, D] tensor
-    qk = torch.randn(n, heads + kv_heads, dim, generator=gen)
-    return qk[:, :heads], k_pool, v_pool, tables, lengths
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,115 @@
+"""CUDA-graph decode: the bucketing and the step buffer on CPU, the graphed forward (run
+eagerly through the Triton interpreter) against the engine's own eager step, and on a GPU
+greedy parity with and without graphs (skipped on CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from engine_fixtures import make_engine, run_all, tiny_llama
+
+from spec_tot.adapters.local.cuda_graphs import GraphedDecode, StepBuffer, bucket_for, graph_buckets
+from spec_tot.adapters.local.sequence import ScheduledRow
+from spec_tot.adapters.local.triton_paged import load_triton_kernel
+from spec_tot.requests import GenerateRequest, SamplingParams
+
+__all__ = ["make_engine", "tiny_llama"]  # fixtures, imported for pytest
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_buckets_cover_every_count_up_to_the_largest() -> None:
+    assert graph_buckets(40) == (1, 2, 4, 8, 16, 32, 40)
+    assert graph_buckets(3) == (1, 2, 3)
+    sizes = graph_buckets(512)
+    assert sizes[-1] == 512 and len(sizes) == 4 + 32
+    for n in range(1, 513):
+        b = bucket_for(sizes, n)
+        assert b is not None and n <= b and (b - n < 16)
+    assert bucket_for(sizes, 513) is None
+    with pytest.raises(ValueError, match="max_tokens"):
+        graph_buckets(0)
+
+
+def _row(
+    tokens: list[int], table: list[int], start: int, n: int, draft: tuple[int, ...] = ()
+) -> Any:
+    seq = SimpleNamespace(token_ids=tokens, block_table=table)
+    return ScheduledRow(seq, start, n, draft)  # type: ignore[arg-type]
+
+
+def test_step_buffer_packs_tokens_and_pads_onto_scratch() -> None:
+    buf = StepBuffer(max_tokens=16, max_blocks=4, block_size=4, scratch_block=99, device="cpu")
+    decode = _row(list(range(100, 106)), [7, 3], start=5, n=1)  # position 5: block 3, slot 13
+    verify = _row(list(range(200, 203)), [9, 2, 5], start=2, n=3, draft=(301, 302))
+    chunk = _row(list(range(400, 410)), [4, 8, 6], start=6, n=4)  # a prompt chunk 6..9
+    buf.rows[:] = -1  # stale contents of an earlier step
+    assert buf.fill([decode, verify, chunk], bucket=16) == 8
+    buf.upload(16)
+    d = buf.device
+    assert d[:8, 0].tolist() == [105, 202, 301, 302, 406, 407, 408, 409]
+    assert d[:8, 1].tolist() == [5, 2, 3, 4, 6, 7, 8, 9]
+    assert d[:8, 2].tolist() == [13, 38, 39, 8, 34, 35, 24, 25]
+    assert d[0, 3:5].tolist() == [7, 3] and d[1, 3:5].tolist() == [9, 2]
+    assert d[3, 3:5].tolist() == [9, 2] and d[4, 3:6].tolist() == [4, 8, 6]
+    # padding: token 0 at position 0, reading and writing only the scratch block
+    assert d[8:, 0].eq(0).all() and d[8:, 1].eq(0).all()
+    assert d[8:, 2].eq(99 * 4).all() and d[8:, 3].eq(99).all()
+    with pytest.raises(ValueError, match="bucket"):
+        buf.fill([verify, chunk], bucket=4)
+    assert buf.fits([chunk]) and not buf.fits([_row([0] * 20, [1] * 5, start=17, n=1)])
+
+
+def test_graphed_forward_matches_the_eager_step(make_engine: Any) -> None:
+    """What a graph records (the forward from the step buffer, padding included) gives the
+    logits the engine's eager step gives, at every step that would replay."""
+    kernel, why = load_triton_kernel("cpu")  # TRITON_INTERPRET=1 (tests/conftest.py)
+    assert kernel is not None, why
+    engine = make_engine(token_speculation=False)
+    runner = engine.runner
+    graphs = GraphedDecode(runner.model, runner.cache, kernel, 24, 64)
+    eager_run = runner.run
+    checked: list[int] = []
+
+    def run(rows: Any, num_decode: int, logit_tokens: Any, cow: Any) -> torch.Tensor:
+        want = eager_run(rows, num_decode, logit_tokens, cow)
+        bucket = graphs.bucket(rows)
+        if runner._all_paged(rows, num_decode) and bucket is not None:
+            tokens = graphs.buffer.fill(rows, bucket)
+            graphs.buffer.upload(bucket)
+            got = graphs.forward(bucket)[:tokens][list(logit_tokens)]
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+            checked.append(bucket - tokens)
+        return want
+
+    runner.run = run
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    for i, prompt in enumerate(["hello", "abc", "a longer prompt, here", "x"]):
+        engine.add_request(GenerateRequest(f"r{i}", params, prompt=prompt, n=1))
+    run_all(engine)
+    assert len(checked) >= 10 and any(pad > 0 for pad in checked)
+
+
+@cuda
+def test_graphs_keep_greedy_outputs(tiny_llama: Path) -> None:
+    from spec_tot.adapters.local.config import EngineConfig
+    from spec_tot.adapters.local.engine import LLMEngine
+
+    texts = []
+    for graphs in (False, True):
+        engine = LLMEngine(
+            EngineConfig(model=str(tiny_llama), device="cuda", dtype="float32", cuda_graphs=graphs)
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=24)
+        for i, prompt in enumerate(["hello", "abc", "a longer prompt, here", "x"]):
+            engine.add_request(GenerateRequest(f"r{i}", params, prompt=prompt, n=2))
+        out = run_all(engine)
+        texts.append({k: [c.text for c in r.completions] for k, r in out.items()})
+        if graphs:
+            stats = engine.stats()
+            assert stats["num_graph_steps"] > 0 and stats["num_graphs_captured"] > 0
+    assert texts[0] == texts[1]
