@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 __all__ = [
     "DenseMeta",
+    "GatherPagedKernel",
     "PagedKernel",
     "PagedMeta",
     "SparseMeta",
@@ -76,6 +77,34 @@ class PagedKernel(Protocol):
         lengths: torch.Tensor,
         scale: float,
     ) -> torch.Tensor: ...
+
+
+class GatherPagedKernel:
+    """The paged decode computation in plain torch ops for CUDA where Triton cannot run:
+    each token's whole table (``tables.shape[1]`` blocks) is gathered and masked by its
+    length, so it reads padding a Triton kernel skips, but it is graph-safe (shapes depend
+    only on the table width) and needs no compiler."""
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        tables: torch.Tensor,
+        lengths: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        n, heads, dim = q.shape
+        _, block_size, kv_heads, _ = k_pool.shape
+        width = tables.shape[1] * block_size
+        k = k_pool[tables].view(n, width, kv_heads, dim).transpose(1, 2)
+        v = v_pool[tables].view(n, width, kv_heads, dim).transpose(1, 2)
+        slots = torch.arange(width, device=q.device)
+        mask = (slots[None, :] < lengths[:, None])[:, None, None, :]
+        out = F.scaled_dot_product_attention(
+            q[:, :, None, :], k, v, attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads
+        )
+        return out.view(n, heads, dim)
 
 
 @dataclass(slots=True)

@@ -389,7 +389,12 @@ class LocalBackend(GenerationBackend, RewardBackend):
         return info.item_tokens(item)
 
     def stats(self) -> dict[str, float]:
-        return dict(self._delivery.stats) if self._policy else {}
+        """The policy core's counters, with the PRM's stage times (``prm_*``: from the PRM's
+        own core when it runs apart, else from the policy core's)."""
+        out = dict(self._delivery.reward_stats)
+        if self._policy:
+            out.update(self._delivery.stats)
+        return out
 
     async def score(self, items: Seq[RewardItem]) -> list[tuple[float, ...]]:
         link = await self._alink(self._reward, "PRM (pass prm_path)")

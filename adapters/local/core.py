@@ -54,6 +54,7 @@ from .messages import (
     StepBatch,
     Stop,
 )
+from .stage_clock import StageClock
 
 __all__ = ["STATS_INTERVAL_S", "EngineCore", "Inbox"]
 
@@ -104,6 +105,10 @@ class EngineCore:
         self._tickets: dict[str, int] = {}
         self._prm_pool = ThreadPoolExecutor(1, thread_name_prefix="spec-tot-prm")
         self._last_stats = 0.0
+        # the loop's own time beside the engine's steps: commands handled, outputs sent; a
+        # score's wait for the PRM thread and its reply (that thread's own clock)
+        self.clock = StageClock("commands", "emit")
+        self._prm_clock = StageClock("queue", "reply")
         if start.hook:
             load_target(start.hook)(self)
 
@@ -143,8 +148,10 @@ class EngineCore:
             commands = inbox.take(block=not self.has_work())
             if commands is None:
                 break
+            self.clock.start()
             for command in commands:
                 running = self.handle(command) and running
+            self.clock.lap("commands")
             if running and self.has_work():
                 self.step()
         self.close(BackendError("local", "backend closed"))
@@ -228,7 +235,9 @@ class EngineCore:
         now = time.monotonic()
         if done or updates or failures or now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
+            self.clock.start()
             self._emit(StepBatch(done, updates, failures, self._stats()))
+            self.clock.lap("emit")
 
     def close(self, error: BaseException) -> None:
         """Fail everything in flight with ``error`` and free the engine's blocks."""
@@ -246,24 +255,41 @@ class EngineCore:
         prm = self.prm
         if prm is None:
             raise BackendError("local", "no PRM loaded (pass prm_path)")
-        if isinstance(command, Score):
-            future = self._prm_pool.submit(prm.score, command.items)
-        else:
-            future = self._prm_pool.submit(prm.classify, command.texts)
+        submitted = time.perf_counter()
+
+        def call() -> Any:
+            self._prm_clock.add("queue", time.perf_counter() - submitted)
+            if isinstance(command, Score):
+                return prm.score(command.items)
+            return prm.classify(command.texts)
+
+        future = self._prm_pool.submit(call)
         future.add_done_callback(lambda f: self._scored(command, f))
 
     def _scored(self, command: Score | Classify, future: Future[Any]) -> None:
+        clock = self._prm_clock
+        clock.start()
         error = future.exception()
         if error is not None:
             self._emit(Failed(command.call, ErrorInfo.of(error)))
         elif isinstance(command, Score):
-            self._emit(Scores(command.call, future.result()))
+            self._emit(Scores(command.call, future.result(), self._reward_stats()))
         else:
-            self._emit(Rewards(command.call, future.result()))
+            self._emit(Rewards(command.call, future.result(), self._reward_stats()))
+        clock.lap("reply")
 
     # -- counters and accounting ------------------------------------------------------------
     def _stats(self) -> dict[str, float]:
-        return self.engine.stats() if self.engine is not None else {}
+        out = self.engine.stats() if self.engine is not None else {}
+        out.update(self.clock.as_stats("core_"))
+        if self.prm is not None:
+            out.update(self._reward_stats())
+        return out
+
+    def _reward_stats(self) -> dict[str, float]:
+        """The PRM's per-stage seconds and calls, with this loop's queue/reply times."""
+        assert self.prm is not None  # internal: only asked with a PRM
+        return {**self.prm.stats(), **self._prm_clock.as_stats("prm_")}
 
     def pool_report(self) -> PoolReport:
         """Where every KV block is (tests and debugging: nothing may be left behind)."""

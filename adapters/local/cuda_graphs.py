@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import PagedMeta
+from .attention import PagedKernel, PagedMeta
 from .model import DecoderModel, KVCache, StepInputs
 from .sequence import ScheduledRow
-from .triton_paged import TritonPagedKernel
+from .stage_clock import StageClock
 
 __all__ = ["GraphStats", "GraphedDecode", "StepBuffer", "graph_buckets"]
 
@@ -140,7 +140,7 @@ class GraphedDecode:
         self,
         model: DecoderModel,
         cache: KVCache,
-        kernel: TritonPagedKernel,
+        kernel: PagedKernel,
         max_tokens: int,
         max_blocks: int,
     ) -> None:
@@ -187,11 +187,12 @@ class GraphedDecode:
         self._pool = graph.pool()
         return graph, out
 
-    def run(self, rows: Seq[ScheduledRow], bucket: int) -> torch.Tensor | None:
+    def run(self, rows: Seq[ScheduledRow], bucket: int, clock: StageClock) -> torch.Tensor | None:
         """The step's logits, or None when capturing failed (graphs are then off: the
-        caller runs the step eagerly)."""
+        caller runs the step eagerly). Laps ``clock`` at "inputs" (and "capture")."""
         tokens = self.buffer.fill(rows, bucket)
         self.buffer.upload(bucket)
+        clock.lap("inputs")
         entry = self._graphs.get(bucket)
         if entry is None:
             try:
@@ -201,6 +202,7 @@ class GraphedDecode:
                 self.note = f"CUDA graph capture failed at {bucket} tokens: {exc!r}"
                 _log.warning("%s; decode runs eagerly", self.note)
                 return None
+            clock.lap("capture")
         graph, out = entry
         graph.replay()
         self.graph_steps += 1

@@ -34,6 +34,7 @@ class _Waiter:
 class Delivery:
     def __init__(self) -> None:
         self.stats: dict[str, float] = {}
+        self.reward_stats: dict[str, float] = {}  # a PRM core's, from its replies
         self._sinks: dict[int, _Waiter] = {}
         self._calls: dict[int, _Waiter] = {}
         self._call_ids = itertools.count(1)
@@ -67,6 +68,8 @@ class Delivery:
         elif isinstance(output, Done | Scores | Rewards | Pong | Failed):
             if isinstance(output, Done) and output.stats:
                 self.stats = output.stats
+            elif isinstance(output, Scores | Rewards) and output.stats:
+                self.reward_stats = output.stats
             waiter = self._calls.pop(output.call, None)
             if waiter is not None:
                 error = output.error.to_exception() if isinstance(output, Failed) else None

@@ -44,6 +44,7 @@ from .sequence import (
     SequenceStatus,
     finish_member,
 )
+from .stage_clock import StageClock
 from .synthetic import PseudoTokenizer
 from .tokenspec import SpecCounters, TokenSpeculator
 from .validate import RequestValidator
@@ -98,6 +99,10 @@ class LLMEngine:
         self.block_manager = BlockManager(config.num_kv_blocks, bs, config.enable_prefix_caching)
         cache = KVCache.allocate(args, config.num_kv_blocks, bs, self.device, dtype)
         self.scheduler = Scheduler(config, self.block_manager)
+        # where a step's time goes (stats(): stage_<name>_s); the runner laps inputs/forward
+        self.clock = StageClock(
+            "schedule", "draft", "inputs", "capture", "forward", "sample", "postprocess"
+        )
         self.runner = ModelRunner(
             loaded.model,
             cache,
@@ -106,6 +111,7 @@ class LLMEngine:
             cuda_graphs=config.cuda_graphs,
             max_len=self.max_len,
             max_graph_tokens=min(config.max_num_batched_tokens, MAX_GRAPH_TOKENS),
+            clock=self.clock,
         )
         self.sampler = Sampler(self.eos_ids)
         self.requests: dict[str, RequestState] = {}
@@ -221,18 +227,23 @@ class LLMEngine:
     def step(self) -> list[GenerateResult]:
         """One engine iteration; returns the requests that finished in it."""
         started = time.perf_counter()
+        clock = self.clock
+        clock.start()
         spec = self.speculator
         if spec is not None:
             spec.begin()
         plan = self.scheduler.schedule()
         if not plan.rows:
             return []
+        clock.lap("schedule")
         if spec is not None:
             spec.extend(plan, self.config.max_num_batched_tokens - plan.num_tokens)
+            clock.lap("draft")
         for row in plan.rows:  # the blocks filled in this step (a draft's only once kept)
             self.block_manager.publish(row.seq, row.start + 1 if row.draft else row.end)
         cow = self.block_manager.take_cow_pairs()
         logit_plan = plan_logits(plan)
+        clock.lap("schedule")
         try:
             logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
         except Exception:
@@ -240,8 +251,10 @@ class LLMEngine:
             logit_plan = plan_logits(plan)
             logits = self.runner.run(plan.rows, plan.num_decode, logit_plan.tokens, cow)
         finished = self._postprocess(plan, logit_plan, logits)
+        clock.lap("postprocess")
         if spec is not None:
             spec.end()
+            clock.lap("draft")
         self.step_seconds += time.perf_counter() - started
         return finished
 
@@ -306,6 +319,7 @@ class LLMEngine:
         if not n:
             return finished
         draws = self._sample(logits[:n], logit_plan)
+        self.clock.lap("sample")
         spec, pos = self.speculator, 0
         for i, row in enumerate(logit_plan.rows):
             width = 1 + len(row.draft)
@@ -366,6 +380,8 @@ class LLMEngine:
             self.speculator.reset_counters()
         if self.runner.graphs is not None:
             self.runner.graphs.reset_counters()
+        self.clock.reset()
+        self.runner.gpu.reset()
 
     def stats(self) -> dict[str, float]:
         bm = self.block_manager
@@ -387,6 +403,8 @@ class LLMEngine:
             num_waiting=float(self.scheduler.num_waiting),
             num_dedup_saved_tokens=float(self.num_generated_tokens - self.num_forward_rows),
         )
+        out.update(self.clock.as_stats("stage_"))
+        out["stage_gpu_forward_s"] = self.runner.gpu.seconds
         graphs = self.runner.graphs
         if graphs is not None:
             g = graphs.stats()

@@ -244,13 +244,17 @@ class Done(msgspec.Struct, tag="done", frozen=True):
 
 
 class Scores(msgspec.Struct, tag="scores", frozen=True):
+    """Scores of a ``Score`` call; ``stats``: the PRM's counters after it."""
+
     call: int
     scores: list[tuple[float, ...]]
+    stats: dict[str, float] | None = None
 
 
 class Rewards(msgspec.Struct, tag="rewards", frozen=True):
     call: int
     rewards: list[float]
+    stats: dict[str, float] | None = None
 
 
 class PoolReport(msgspec.Struct, frozen=True):

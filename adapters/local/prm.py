@@ -33,6 +33,7 @@ from .loader import load_model_folder
 from .model import KVCache
 from .runner import ModelRunner
 from .sequence import ScheduledRow, Sequence
+from .stage_clock import StageClock
 from .validate import max_token_chars
 
 __all__ = ["PrmScorer", "build_prm_text"]
@@ -105,6 +106,9 @@ class PrmScorer:
         self.max_batch_tokens = max(max_batch_tokens, self.max_len)
         self.block_manager = BlockManager(num_kv_blocks, block_size, True)
         cache = KVCache.allocate(model.args, num_kv_blocks, block_size, device, dtype)
+        # per call: tokenize, then the forward waves (cache lookups and bookkeeping inside)
+        self.clock = StageClock("tokenize", "forward")
+        self.num_calls = 0
         self.runner = ModelRunner(model, cache, device)
         self._scores: OrderedDict[tuple[int, ...], float] = OrderedDict()
         self._seq_ids = 0
@@ -114,6 +118,10 @@ class PrmScorer:
 
     def count_tokens(self, item: RewardItem) -> int:
         return len(self.tokenizer.encode(build_prm_text(item, self.step_tag)[0]))
+
+    def stats(self) -> dict[str, float]:
+        """Seconds per stage of scoring (``prm_tokenize_s``, ``prm_forward_s``), calls."""
+        return {**self.clock.as_stats("prm_"), "prm_calls": float(self.num_calls)}
 
     def clear_cache(self) -> None:
         """Forget cached scores (the KV pool's prefix cache stays: it only saves work)."""
@@ -141,11 +149,16 @@ class PrmScorer:
     # -- scoring ----------------------------------------------------------------------------
     def score(self, items: Seq[RewardItem]) -> list[tuple[float, ...]]:
         """Per item, one score per step (in [0, 1])."""
+        clock = self.clock
+        clock.start()
         encoded = []
         for item in items:
             text, ends = build_prm_text(item, self.step_tag)
             encoded.append(self._encode(text, ends, f"item {item.request_id!r}"))
+        clock.lap("tokenize")
         logits = self._tag_logits(encoded)
+        clock.lap("forward")
+        self.num_calls += 1
         return [tuple(1.0 / (1.0 + math.exp(-x)) for x in row) for row in logits]
 
     def classify(self, texts: Seq[str | Seq[int]]) -> list[float]:

@@ -17,13 +17,14 @@ import torch
 
 from spec_tot.errors import ConfigError
 
-from .attention import DenseMeta, PagedKernel, PagedMeta, SparseMeta
+from .attention import DenseMeta, GatherPagedKernel, PagedKernel, PagedMeta, SparseMeta
 from .config import ATTENTION_MODES
 from .cuda_graphs import GraphedDecode
 from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import load_paged_kernel
 from .sequence import ScheduledRow
-from .triton_paged import TritonPagedKernel, load_triton_kernel
+from .stage_clock import GpuTimer, StageClock
+from .triton_paged import load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
@@ -51,12 +52,15 @@ def _choose_attention(
             kernel, note = load_paged_kernel()
         elif device.startswith("cuda"):
             kernel, note = load_triton_kernel(device)
+            if kernel is None:  # still graph-safe: reads whole tables, no compiler
+                _log.warning("paged decode on CUDA through torch gathers: %s", note)
+                kernel = GatherPagedKernel()
         else:
             note = "no paged kernel for this device and dtype"
     if attention == "paged" and kernel is None:
         raise ConfigError(
             "attention",
-            "'paged' needs float32 on CPU with a C compiler, or CUDA with Triton"
+            "'paged' needs float32 on CPU with a C compiler, or CUDA"
             + (f" ({note})" if note else ""),
         )
     if attention == "auto" and kernel is None and (cpu_in_place or device.startswith("cuda")):
@@ -84,8 +88,12 @@ class ModelRunner:
         cuda_graphs: bool = False,
         max_len: int | None = None,
         max_graph_tokens: int = 512,
+        clock: StageClock | None = None,
     ) -> None:
         self.model = model
+        # "inputs" and "forward" laps of the caller's step clock; GPU time of the forwards
+        self.clock = clock or StageClock()
+        self.gpu = GpuTimer(device)
         self.cache = cache
         self.device = device
         self.block_size = cache.block_size
@@ -102,7 +110,7 @@ class ModelRunner:
         )
         self.graphs: GraphedDecode | None = None
         if cuda_graphs and device.startswith("cuda"):
-            if isinstance(self._kernel, TritonPagedKernel):
+            if self.attention == "paged" and self._kernel is not None:
                 longest = max_len or args.max_position_embeddings
                 self.graphs = GraphedDecode(
                     model, cache, self._kernel, max_graph_tokens, -(-longest // self.block_size)
@@ -317,20 +325,30 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Copy-on-write copies first, then the forward; returns ``[len(logit_tokens),
         vocab]`` float32 logits of the given packed token indices."""
+        clock, gpu = self.clock, self.gpu
+        gpu.begin()
         self.cache.copy_blocks(cow)
         graphs = self.graphs
         if graphs is not None:
             bucket = graphs.bucket(rows) if self._all_paged(rows, num_decode) else None
-            logits = graphs.run(rows, bucket) if bucket is not None else None
+            logits = graphs.run(rows, bucket, clock) if bucket is not None else None
             if logits is not None:
-                return _select(logits, logit_tokens, self._tensor)
+                logits = _select(logits, logit_tokens, self._tensor)
+                gpu.end()
+                clock.lap("forward")
+                return logits
             graphs.eager_steps += 1
         step, perm = self.prepare(rows, num_decode)
+        clock.lap("inputs")
         hidden = self.model(step, self.cache)
         if perm is not None:
             hidden = hidden.index_select(0, perm[self._tensor(logit_tokens)])
-            return self.model.logits(hidden)
-        return self.model.logits(_select(hidden, logit_tokens, self._tensor))
+            logits = self.model.logits(hidden)
+        else:
+            logits = self.model.logits(_select(hidden, logit_tokens, self._tensor))
+        gpu.end()
+        clock.lap("forward")
+        return logits
 
     def _all_paged(self, rows: Seq[ScheduledRow], num_decode: int) -> bool:
         sparse_rows, dense_rows = self._split(rows, num_decode)

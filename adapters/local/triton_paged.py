@@ -139,11 +139,30 @@ class TritonPagedKernel:
 
 def load_triton_kernel(device: str) -> tuple[TritonPagedKernel | None, str]:
     """The kernel for ``device`` and an empty note, or None and why not. On CPU only under
-    ``TRITON_INTERPRET=1`` (Triton's interpreter: tests)."""
+    ``TRITON_INTERPRET=1`` (Triton's interpreter: tests). The kernel is compiled and checked
+    here on a small case: Triton builds its launcher with the machine's C compiler on first
+    use, and a failure there must turn the kernel down now, not fail a step later."""
     interpret = os.environ.get("TRITON_INTERPRET") == "1"
     if not device.startswith("cuda") and not interpret:
         return None, "Triton kernels run on CUDA (or on CPU under TRITON_INTERPRET=1)"
     try:
-        return TritonPagedKernel(_build()), ""
-    except Exception as exc:  # ImportError, or a Triton too old for this kernel
+        kernel = TritonPagedKernel(_build())
+        _probe(kernel, device)
+        return kernel, ""
+    except Exception as exc:  # ImportError, no compiler, a Triton too old for this kernel
         return None, f"triton unavailable: {exc!r}"
+
+
+def _probe(kernel: TritonPagedKernel, device: str) -> None:
+    """One (token, head) pair over three slots, against the softmax it must compute."""
+    gen = torch.Generator().manual_seed(0)
+    k_pool = torch.randn(2, 4, 1, 16, generator=gen)
+    v_pool = torch.randn(2, 4, 1, 16, generator=gen)
+    q = torch.randn(1, 1, 16, generator=gen)
+    tables = torch.tensor([[1]])
+    lengths = torch.tensor([3])
+    got = kernel.attend(*(t.to(device) for t in (q, k_pool, v_pool, tables, lengths)), 0.25)
+    weights = torch.softmax(k_pool[1, :3, 0] @ q[0, 0] * 0.25, dim=0)
+    want = weights @ v_pool[1, :3, 0]
+    if not torch.allclose(got.cpu()[0, 0], want, atol=1e-4):
+        raise RuntimeError("the paged kernel disagrees with its reference on a probe")

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from attention_cases import attention_case, reference_attention
 from engine_fixtures import make_engine, run_all, tiny_llama
 
+from spec_tot.adapters.local.attention import GatherPagedKernel
 from spec_tot.adapters.local.cuda_graphs import GraphedDecode, StepBuffer, bucket_for, graph_buckets
 from spec_tot.adapters.local.sequence import ScheduledRow
 from spec_tot.adapters.local.triton_paged import load_triton_kernel
@@ -33,6 +35,19 @@ def test_buckets_cover_every_count_up_to_the_largest() -> None:
     assert bucket_for(sizes, 513) is None
     with pytest.raises(ValueError, match="max_tokens"):
         graph_buckets(0)
+
+
+@pytest.mark.parametrize(
+    ("n", "heads", "kv_heads", "dim", "longest"), [(6, 4, 2, 32, 50), (3, 9, 3, 64, 20)]
+)
+def test_gather_kernel_matches_the_reference(
+    n: int, heads: int, kv_heads: int, dim: int, longest: int
+) -> None:
+    """The compiler-free CUDA fallback (whole tables gathered, masked by length)."""
+    q, k_pool, v_pool, tables, lengths = attention_case(n, heads, kv_heads, dim, longest, seed=n)
+    got = GatherPagedKernel().attend(q, k_pool, v_pool, tables, lengths, 0.3)
+    want = reference_attention(q, k_pool, v_pool, tables, lengths, 0.3)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
 def _row(
@@ -72,6 +87,7 @@ def test_graphed_forward_matches_the_eager_step(make_engine: Any) -> None:
     engine = make_engine(token_speculation=False)
     runner = engine.runner
     graphs = GraphedDecode(runner.model, runner.cache, kernel, 24, 64)
+    assert graphs.note == "" and graphs.enabled
     eager_run = runner.run
     checked: list[int] = []
 
