@@ -14,14 +14,17 @@ is read or written by them. Everything else a layer needs (RoPE rows, context le
 computed inside the graph from that buffer, so a replay has no host synchronisation; the
 step's one synchronisation is the sampler reading its draws.
 
-A graph is captured the first time its bucket is needed (warm-up runs on a side stream, as
-``torch.cuda.graph`` asks; they write the same K/V the replay writes). If a capture fails,
-graphs are turned off for the engine with a warning and every step runs eagerly.
+The engine captures every bucket when it starts (``capture_all``; warm-up runs on a side
+stream, as ``torch.cuda.graph`` asks, over padding only); a bucket still missing is captured
+the first time a step needs it (its warm-up writes the same K/V the replay writes). If a
+capture fails, graphs are turned off for the engine with a warning and every step runs
+eagerly.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
@@ -31,7 +34,7 @@ import torch
 from .attention import PagedKernel, PagedMeta
 from .model import DecoderModel, KVCache, StepInputs
 from .sequence import ScheduledRow
-from .stage_clock import StageClock
+from .stage_clock import GpuTimer, StageClock
 
 __all__ = ["GraphStats", "GraphedDecode", "StepBuffer", "graph_buckets"]
 
@@ -187,24 +190,51 @@ class GraphedDecode:
         self._pool = graph.pool()
         return graph, out
 
-    def run(self, rows: Seq[ScheduledRow], bucket: int, clock: StageClock) -> torch.Tensor | None:
+    @torch.inference_mode()
+    def capture_all(self) -> float:
+        """Capture every bucket now (largest first: the smaller ones reuse its memory pool),
+        so no step pays for a capture; returns the seconds it took. A failure turns graphs
+        off, as in ``run``."""
+        started = time.perf_counter()
+        for n in reversed(self.buckets):
+            if n in self._graphs:
+                continue
+            self.buffer.fill([], n)  # padding only: the warm-up writes the scratch block
+            self.buffer.upload(n)
+            try:
+                self._graphs[n] = self._capture(n)
+            except Exception as exc:  # an op that cannot be captured on this build
+                self._disable(n, exc)
+                break
+        torch.cuda.synchronize()
+        return time.perf_counter() - started
+
+    def _disable(self, bucket: int, exc: BaseException) -> None:
+        self.enabled = False
+        self.note = f"CUDA graph capture failed at {bucket} tokens: {exc!r}"
+        _log.warning("%s; decode runs eagerly", self.note)
+
+    def run(
+        self, rows: Seq[ScheduledRow], bucket: int, clock: StageClock, gpu: GpuTimer
+    ) -> torch.Tensor | None:
         """The step's logits, or None when capturing failed (graphs are then off: the
-        caller runs the step eagerly). Laps ``clock`` at "inputs" (and "capture")."""
+        caller runs the step eagerly). Laps ``clock`` at "inputs" (and "capture"); ``gpu``
+        times the transfer and the replay (queued back to back: GPU-busy time)."""
         tokens = self.buffer.fill(rows, bucket)
-        self.buffer.upload(bucket)
         clock.lap("inputs")
+        gpu.begin()
+        self.buffer.upload(bucket)
         entry = self._graphs.get(bucket)
         if entry is None:
             try:
                 entry = self._graphs[bucket] = self._capture(bucket)
             except Exception as exc:  # an op that cannot be captured on this build
-                self.enabled = False
-                self.note = f"CUDA graph capture failed at {bucket} tokens: {exc!r}"
-                _log.warning("%s; decode runs eagerly", self.note)
+                self._disable(bucket, exc)
                 return None
             clock.lap("capture")
         graph, out = entry
         graph.replay()
+        gpu.end()
         self.graph_steps += 1
         self.padded_tokens += bucket - tokens
         return out[:tokens]

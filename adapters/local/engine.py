@@ -114,6 +114,8 @@ class LLMEngine:
             clock=self.clock,
         )
         self.sampler = Sampler(self.eos_ids)
+        graphs = self.runner.graphs
+        self.graph_capture_seconds = graphs.capture_all() if graphs is not None else 0.0
         self.requests: dict[str, RequestState] = {}
         self._seq_ids = itertools.count(1)
         self.intake = Intake(config, self.validator, self.scheduler, self.requests, self._seq_ids)
@@ -413,6 +415,7 @@ class LLMEngine:
                 num_eager_steps=float(g.eager_steps),
                 num_graphs_captured=float(g.graphs_captured),
                 num_graph_padded_tokens=float(g.padded_tokens),
+                graph_capture_s=self.graph_capture_seconds,
             )
         out.update(
             self.speculator.counters.as_stats() if self.speculator else SpecCounters().as_stats()

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import DenseMeta, PagedMeta, SparseMeta, dense_attention, pool_attention
+from .host_copy import to_device
 from .linear import Linear
 
 __all__ = [
@@ -115,8 +116,9 @@ class KVCache:
         """Copy-on-write: duplicate block ``src`` into ``dst`` in every layer."""
         if not pairs:
             return
-        src = torch.tensor([p[0] for p in pairs], device=self.k[0].device)
-        dst = torch.tensor([p[1] for p in pairs], device=self.k[0].device)
+        device = self.k[0].device
+        src = to_device([p[0] for p in pairs], torch.int64, device)
+        dst = to_device([p[1] for p in pairs], torch.int64, device)
         for pool in (*self.k, *self.v):
             pool.index_copy_(0, dst, pool.index_select(0, src))
 

@@ -24,6 +24,7 @@ import torch
 
 from spec_tot.requests import SamplingParams, TokenLogprob
 
+from .host_copy import to_device
 from .sequence import Sequence
 
 __all__ = ["Sampler", "filtered_cdf", "token_logprobs"]
@@ -106,8 +107,9 @@ class Sampler:
                 rows.extend([r] * len(banned))
                 cols.extend(sorted(banned))
         if rows:
-            index = (torch.tensor(rows), torch.tensor(cols))
-            logits.index_put_(index, torch.tensor(float("-inf"), device=logits.device))
+            dev = logits.device
+            index = (to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev))
+            logits.index_put_(index, to_device(float("-inf"), logits.dtype, dev))
 
     def sample(
         self, logits: torch.Tensor, seqs: Seq[Sequence], offsets: Seq[int] | None = None
@@ -117,13 +119,16 @@ class Sampler:
         offsets = offsets if offsets is not None else [0] * len(seqs)
         self._mask_min_tokens(logits, seqs, offsets)
         params = [s.params for s in seqs]
-        out: list[list[int]] = [[] for _ in seqs]
+        dev = logits.device
+        # every group's picks stay on the device until one read-back for the whole step
+        picks: list[torch.Tensor] = []
+        parts: list[tuple[list[int], list[int] | None, int]] = []  # rows, draws/row, width
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if greedy:
-            index = torch.tensor(greedy) if len(greedy) < len(seqs) else None
-            rows = logits if index is None else logits[index]
-            for i, tok in zip(greedy, rows.argmax(dim=-1).tolist(), strict=True):
-                out[i] = [tok] * len(seqs[i].members)
+            all_rows = len(greedy) == len(seqs)
+            rows = logits if all_rows else logits[to_device(greedy, torch.int64, dev)]
+            picks.append(rows.argmax(dim=-1))
+            parts.append((greedy, None, 1))
         plain: list[int] = []
         filtered: list[int] = []
         for i, p in enumerate(params):
@@ -131,12 +136,25 @@ class Sampler:
                 (plain if p.top_k == -1 and p.top_p >= 1 else filtered).append(i)
         for group, is_filtered in ((plain, False), (filtered, True)):
             if group:
-                self._draw(logits, seqs, offsets, group, is_filtered, out)
+                pick, counts = self._draw(logits, seqs, offsets, group, is_filtered)
+                picks.append(pick.reshape(-1))
+                parts.append((group, counts, pick.shape[1]))
+        out: list[list[int]] = [[] for _ in seqs]
+        flat = (picks[0] if len(picks) == 1 else torch.cat(picks)).tolist() if picks else []
+        pos = 0
+        for group, counts, width in parts:
+            for j, i in enumerate(group):
+                start = pos + j * width
+                if counts is None:  # greedy: every member takes the row's argmax
+                    out[i] = [flat[start]] * len(seqs[i].members)
+                else:
+                    out[i] = flat[start : start + counts[j]]
+            pos += len(group) * width
         logprobs: list[dict[int, TokenLogprob] | None] = [None] * len(seqs)
         wanted = [i for i, p in enumerate(params) if p.wants_logprobs]
         if wanted:
             entries = token_logprobs(
-                logits[torch.tensor(wanted)],
+                logits[to_device(wanted, torch.int64, dev)],
                 [params[i] for i in wanted],
                 [sorted(set(out[i])) for i in wanted],
             )
@@ -151,17 +169,21 @@ class Sampler:
         offsets: Seq[int],
         group: list[int],
         is_filtered: bool,
-        out: list[list[int]],
-    ) -> None:
+    ) -> tuple[torch.Tensor, list[int]]:
+        """``[rows, widest]`` drawn token ids on the device, and how many of each row's
+        are its members' (the rest is padding)."""
         dev = logits.device
         params = [seqs[i].params for i in group]
-        temps = torch.tensor([p.temperature for p in params], device=dev)
-        probs = torch.softmax(logits[torch.tensor(group)] / temps[:, None], dim=-1)
+        temps = to_device([p.temperature for p in params], logits.dtype, dev)
+        index = to_device(group, torch.int64, dev)
+        probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
         order = None
         if is_filtered:
             vocab = probs.shape[-1]
-            top_k = torch.tensor([vocab if p.top_k == -1 else p.top_k for p in params], device=dev)
-            top_p = torch.tensor([p.top_p for p in params], device=dev)
+            top_k = to_device(
+                [vocab if p.top_k == -1 else p.top_k for p in params], torch.int64, dev
+            )
+            top_p = to_device([p.top_p for p in params], probs.dtype, dev)
             cdf, order = filtered_cdf(probs, top_k, top_p)
         else:
             cdf = probs.cumsum(dim=-1)
@@ -170,9 +192,8 @@ class Sampler:
         draws = [[m.peek_uniform(offsets[i]) for m in seqs[i].members] for i in group]
         width = max(len(d) for d in draws)
         padded = [d + [0.0] * (width - len(d)) for d in draws]
-        target = torch.tensor(padded, device=dev, dtype=cdf.dtype) * cdf[:, -1:]
+        target = to_device(padded, cdf.dtype, dev) * cdf[:, -1:]
         pick = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
         if order is not None:
             pick = order.gather(1, pick)
-        for i, d, row in zip(group, draws, pick.tolist(), strict=True):
-            out[i] = row[: len(d)]
+        return pick, [len(d) for d in draws]

@@ -77,6 +77,8 @@ def test_step_buffer_packs_tokens_and_pads_onto_scratch() -> None:
     with pytest.raises(ValueError, match="bucket"):
         buf.fill([verify, chunk], bucket=4)
     assert buf.fits([chunk]) and not buf.fits([_row([0] * 20, [1] * 5, start=17, n=1)])
+    assert buf.fill([], bucket=4) == 0  # what capture_all records over: padding only
+    assert buf.rows[:4, 2].tolist() == [99 * 4] * 4
 
 
 def test_graphed_forward_matches_the_eager_step(make_engine: Any) -> None:
@@ -127,5 +129,7 @@ def test_graphs_keep_greedy_outputs(tiny_llama: Path) -> None:
         texts.append({k: [c.text for c in r.completions] for k, r in out.items()})
         if graphs:
             stats = engine.stats()
-            assert stats["num_graph_steps"] > 0 and stats["num_graphs_captured"] > 0
+            assert stats["num_graph_steps"] > 0 and stats["num_eager_steps"] > 0  # prefills
+            graphs_of = engine.runner.graphs
+            assert stats["num_graphs_captured"] == len(graphs_of.buckets)  # all at start
     assert texts[0] == texts[1]
