@@ -62,14 +62,19 @@ def main() -> None:
                       f"{row['solved']} solved", flush=True)  # fmt: skip
                 if rnd:
                     runs[name].append(row)
-    ratios = [n["queries_per_s"] / o["queries_per_s"] for n, o in zip(runs["new"], runs["old"])]
+    ratios = [
+        n["queries_per_s"] / o["queries_per_s"]
+        for n, o in zip(runs["new"], runs["old"], strict=True)
+    ]
     lo, hi = bootstrap(ratios, level=0.9)
     result = {
         "runs": runs,
         "ratios": ratios,
         "median": statistics.median(ratios),
         "ci90": [lo, hi],
-        "same_solved": [n["solved"] == o["solved"] for n, o in zip(runs["new"], runs["old"])],
+        "same_solved": [
+            n["solved"] == o["solved"] for n, o in zip(runs["new"], runs["old"], strict=True)
+        ],
         "args": extra,
     }
     result["summary"] = (
