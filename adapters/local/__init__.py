@@ -31,7 +31,7 @@ def create_local(
     *,
     process: bool = True,
     threads: int | None = None,
-    prm_process: bool = True,
+    prm_process: bool | None = None,
     launcher: str = "auto",
     core_hook: str | None = None,
     **options: Any,

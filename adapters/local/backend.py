@@ -41,7 +41,7 @@ from spec_tot.requests import (
     StreamUpdate,
 )
 
-from .config import CoreOptions, EngineConfig, PrmConfig
+from .config import CoreOptions, EngineConfig, PrmConfig, resolve_device
 from .delivery import Delivery
 from .messages import (
     PROTOCOL,
@@ -91,7 +91,7 @@ class LocalBackend(GenerationBackend, RewardBackend):
             raise ConfigError("policy_path", "give a policy model, a PRM, or both")
         self.options = options or CoreOptions()
         opts = self.options
-        split = opts.process and opts.prm_process and engine is not None and prm is not None
+        split = opts.process and _prm_apart(opts, engine, prm)
         threads: tuple[int | None, int | None] = (None, None)  # in-thread: the caller's own
         if opts.process:
             threads = (opts.threads,) * 2 if opts.threads else default_threads(split)
@@ -450,3 +450,13 @@ def _role_content(message: Any) -> dict[str, str]:
 
 def _final_update(request_id: str, index: int, completion: Completion) -> StreamUpdate:
     return StreamUpdate(request_id, index, completion.token_ids, completion.text, completion)
+
+
+def _prm_apart(opts: CoreOptions, engine: EngineConfig | None, prm: PrmConfig | None) -> bool:
+    """Whether the PRM gets a core process of its own (``CoreOptions.prm_process``; None:
+    yes on CPU, no when either model runs on CUDA)."""
+    if engine is None or prm is None:
+        return False
+    if opts.prm_process is not None:
+        return opts.prm_process
+    return not any(resolve_device(c.device).startswith("cuda") for c in (engine, prm))

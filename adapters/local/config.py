@@ -283,10 +283,15 @@ class CoreOptions:
     debugging and for tests that reach into the engine). ``threads``: torch's intra-op
     threads in the child (None: every core this process may use but one, left to the
     caller; the caller's own torch setting is never touched). ``prm_process``: the PRM
-    gets a child of its own (the default) instead of a thread beside the engine in one child
-    (the two then share that child's GIL: measured on 2 cores, main job, five interleaved
-    rounds, vs the in-thread engine: 2.15x / 1.35x / 1.09x at 1 / 32 / 64 queries with its
-    own child, 1.59x / 1.22x / 1.23x sharing one). With ``threads`` None and two children,
+    gets a child of its own instead of a thread beside the engine in one child (the two then
+    share that child's GIL: measured on 2 cores, main job, five interleaved rounds, vs the
+    in-thread engine: 2.15x / 1.35x / 1.09x at 1 / 32 / 64 queries with its own child,
+    1.59x / 1.22x / 1.23x sharing one). None (the default): a child of its own on CPU, one
+    child for both on CUDA, where two processes share the GPU only by time slices (their
+    kernels never overlap; on an H200 the engine's replayed forward took 5.9 ms of GPU time
+    a step with the PRM's process beside it, 0.54 ms without, ``benchmarks/results/h200/
+    pipeline_cuda.json``) and one process's threads share a CUDA context (the PRM scores on
+    a stream of its own). With ``threads`` None and two children,
     the PRM child gets a third of the cores but one and the engine the rest (1 and 1 on 2
     cores). ``launcher``:
     ``"fork"`` forks each child from a warm fork server (torch already imported: a start
@@ -298,15 +303,16 @@ class CoreOptions:
 
     process: bool = True
     threads: int | None = None
-    prm_process: bool = True
+    prm_process: bool | None = None
     launcher: str = "auto"
     start_timeout_s: float = 600.0
     hook: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("process", "prm_process"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.process, bool):
+            raise ConfigError("process", f"must be a bool, got {self.process!r}")
+        if self.prm_process is not None and not isinstance(self.prm_process, bool):
+            raise ConfigError("prm_process", f"must be a bool or None, got {self.prm_process!r}")
         threads = self.threads
         if threads is not None and (
             not isinstance(threads, int) or isinstance(threads, bool) or threads < 1

@@ -16,6 +16,7 @@ same batch share its blocks too); only tag rows reach the LM head.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import OrderedDict
@@ -108,6 +109,7 @@ class PrmScorer:
         cache = KVCache.allocate(model.args, num_kv_blocks, block_size, device, dtype)
         # per call: tokenize, then the forward waves (cache lookups and bookkeeping inside)
         self.clock = StageClock("tokenize", "forward")
+        self._stream = torch.cuda.Stream(device) if device.startswith("cuda") else None
         self.num_calls = 0
         self.runner = ModelRunner(model, cache, device)
         self._scores: OrderedDict[tuple[int, ...], float] = OrderedDict()
@@ -118,6 +120,13 @@ class PrmScorer:
 
     def count_tokens(self, item: RewardItem) -> int:
         return len(self.tokenizer.encode(build_prm_text(item, self.step_tag)[0]))
+
+    def _own_stream(self) -> Any:
+        """On CUDA a stream of the PRM's own: beside the engine's thread in one process its
+        kernels may overlap the engine's, and its read-backs wait for its own work only."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self._stream)
 
     def stats(self) -> dict[str, float]:
         """Seconds per stage of scoring (``prm_tokenize_s``, ``prm_forward_s``), calls."""
@@ -156,7 +165,8 @@ class PrmScorer:
             text, ends = build_prm_text(item, self.step_tag)
             encoded.append(self._encode(text, ends, f"item {item.request_id!r}"))
         clock.lap("tokenize")
-        logits = self._tag_logits(encoded)
+        with self._own_stream():
+            logits = self._tag_logits(encoded)
         clock.lap("forward")
         self.num_calls += 1
         return [tuple(1.0 / (1.0 + math.exp(-x)) for x in row) for row in logits]
@@ -177,7 +187,8 @@ class PrmScorer:
                 encoded.append((ids, [len(ids) - 1]))
             else:
                 raise ConfigError(f"text[{i}]", f"must be a string, got {type(text).__name__}")
-        return [row[-1] for row in self._tag_logits(encoded)]
+        with self._own_stream():
+            return [row[-1] for row in self._tag_logits(encoded)]
 
     def _tagged_ids(self, ids: Seq[int], where: str) -> list[int]:
         vocab = int(self.loaded.args.vocab_size)

@@ -150,6 +150,23 @@ async def test_the_prm_in_a_process_of_its_own(make_backend: Any, tiny_prm: Path
     assert backend.capabilities.reward_batch_tokens is not None
 
 
+def test_the_prm_shares_the_engine_process_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two processes share a GPU by time slices: on CUDA the default puts the PRM beside the
+    engine; on CPU it gets its own child; an explicit setting wins either way."""
+    from spec_tot.adapters.local import backend as backend_module
+    from spec_tot.adapters.local.config import CoreOptions
+
+    engine = EngineConfig(model_config={})
+    prm = PrmConfig(path="unused")
+    apart = backend_module._prm_apart
+    assert apart(CoreOptions(), engine, prm) and not apart(CoreOptions(), engine, None)
+    monkeypatch.setattr(backend_module, "resolve_device", lambda name: "cuda")
+    assert not apart(CoreOptions(), engine, prm)
+    assert apart(CoreOptions(prm_process=True), engine, prm)
+    with pytest.raises(ConfigError, match="prm_process"):
+        CoreOptions(prm_process="yes")  # type: ignore[arg-type]
+
+
 def test_default_threads_split_the_spare_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every core but one for the children; split, a third of them to the PRM's, one each
     at least."""
