@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -110,6 +111,13 @@ def serve_core(conn: Connection) -> None:
         emit(StartFailed(ErrorInfo.of(exc)))
         return
     emit(core.ready())
+    # Everything alive now (torch, transformers, the weights' Python objects, calibration's
+    # leftovers) lives as long as the core: out of the collector's generations, so that its
+    # collections of the loop's short-lived objects (requests, sequences, results) no longer
+    # walk them. A profile of the main job's core showed ~11% of its samples in collections;
+    # the executor's main job at 32 queries (--micro, 4 interleaved pairs): 1.5x steps/s.
+    gc.collect()
+    gc.freeze()
     try:
         core.run(inbox)
     except Exception as exc:
