@@ -14,7 +14,8 @@ Layers (one cell = one layer at one query count):
 Per cell: engine steps/s (engine steps over the cell's wall time), ms per step in each
 stage of the engine's step (``stage_*``: schedule, draft, inputs, capture, forward, sample,
 postprocess; ``gpu`` is GPU-busy time from CUDA events), the time outside steps (the engine
-idle or between steps), the core loop's own time, the PRM's stages, the executor's CPU.
+idle or between steps), the core loop's own time, the PRM's stages, the executor's CPU and
+the wall time it had generation / reward calls outstanding.
 Ratios: each layer's steps/s over ``engine``'s at the same query count, per round, median
 with a bootstrap 90% interval. Rounds are interleaved (order shuffled per round, seeded),
 round 0 is a warm-up and dropped, the prefix cache is flushed before each run.
@@ -138,7 +139,10 @@ async def run_executor(backend: Any, queries: int) -> tuple[float, dict[str, flo
     batch = await app.arun_batch(game24_inputs(queries))
     wall = time.perf_counter() - start
     stats = _diff(backend.stats(), before)
-    stats["executor_cpu_s"] = batch.metrics.executor_cpu_s
+    metrics = batch.metrics
+    stats["executor_cpu_s"] = metrics.executor_cpu_s
+    stats["gen_pending_s"] = metrics.generation_pending_s
+    stats["reward_pending_s"] = metrics.reward_pending_s
     return wall, stats
 
 
@@ -148,7 +152,8 @@ def _row(wall: float, stats: dict[str, float]) -> dict[str, float]:
     ms["gpu"] = 1e3 * stats.get("stage_gpu_forward_s", 0.0) / steps
     ms["outside"] = 1e3 * (wall - stats.get("step_seconds", 0.0)) / steps
     for key in ("core_commands_s", "core_emit_s", "prm_tokenize_s", "prm_forward_s",
-                "prm_queue_s", "prm_reply_s", "executor_cpu_s"):  # fmt: skip
+                "prm_queue_s", "prm_reply_s", "executor_cpu_s", "gen_pending_s",
+                "reward_pending_s"):  # fmt: skip
         ms[key.removesuffix("_s")] = 1e3 * stats.get(key, 0.0) / steps
     return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall,
             "tokens_per_s": stats.get("num_generated_tokens", 0.0) / wall,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import resource
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,6 +56,9 @@ class RunMetrics:
     decoding, from the backend's stats (``with_backend_stats``; 0 where it reports none):
     ``draft_tokens`` verified, ``accepted_tokens`` of them kept, ``acceptance_rate`` their
     ratio, ``tokens_per_step`` output tokens per decode row and step (1.0 without drafts).
+    Where the time went from the executor's side: ``executor_cpu_s`` (its own CPU),
+    ``generation_pending_s`` / ``reward_pending_s`` (wall seconds with at least one
+    generation / reward call outstanding).
     """
 
     queries: int
@@ -80,6 +85,8 @@ class RunMetrics:
     nodes: int = 0
     executor_cpu_s: float = 0.0
     executor_cpu_us_per_token: float = 0.0
+    generation_pending_s: float = 0.0
+    reward_pending_s: float = 0.0
     peak_rss_mb: float = 0.0
     useful_tokens_per_s: float = 0.0
     draft_tokens: int = 0
@@ -122,8 +129,17 @@ class MetricsRecorder:
     speculative_nodes: int = 0
     speculative_hits: int = 0
     executor_cpu_s: float = 0.0
+    # wall seconds (the loop's clock) with at least one generation / reward call outstanding:
+    # beside ``executor_cpu_s``, where a run's time went from the executor's side
+    generation_pending_s: float = 0.0
+    reward_pending_s: float = 0.0
+    rewards_outstanding: int = 0
+    _generation_since: float = 0.0
+    _reward_since: float = 0.0
 
     def request_started(self, *, speculative: bool = False) -> None:
+        if not self.inflight:
+            self._generation_since = _now()
         self.inflight += 1
         self.committed_inflight += not speculative
         self.peak_inflight = max(self.peak_inflight, self.inflight)
@@ -131,11 +147,23 @@ class MetricsRecorder:
     def request_finished(self, *, speculative: bool = False) -> None:
         self.inflight -= 1
         self.committed_inflight -= not speculative
+        if not self.inflight:
+            self.generation_pending_s += _now() - self._generation_since
 
     def reward_call(self, items: int, tokens: int) -> None:
         self.reward_calls += 1
         self.reward_items += items
         self.reward_tokens += tokens
+
+    def reward_started(self) -> None:
+        if not self.rewards_outstanding:
+            self._reward_since = _now()
+        self.rewards_outstanding += 1
+
+    def reward_finished(self) -> None:
+        self.rewards_outstanding -= 1
+        if not self.rewards_outstanding:
+            self.reward_pending_s += _now() - self._reward_since
 
     def query_finished(self, record: QueryRecord) -> None:
         self.records.append(record)
@@ -178,9 +206,19 @@ class MetricsRecorder:
             nodes=sum(r.nodes for r in self.records),
             executor_cpu_s=self.executor_cpu_s,
             executor_cpu_us_per_token=1e6 * self.executor_cpu_s / output if output else 0.0,
+            generation_pending_s=self.generation_pending_s,
+            reward_pending_s=self.reward_pending_s,
             peak_rss_mb=_peak_rss_mb(),
             useful_tokens_per_s=(output - sum(r.wasted_tokens for r in self.records)) / wall,
         )
+
+
+def _now() -> float:
+    """The running loop's clock (virtual under the simulator), else the monotonic clock."""
+    try:
+        return asyncio.get_running_loop().time()
+    except RuntimeError:
+        return time.monotonic()
 
 
 def _peak_rss_mb() -> float:

@@ -78,7 +78,16 @@ class ScoreCalls:
 
     async def _call(self, live: list[Pending], queries: list[str]) -> None:
         """One scorer call for ``live``; a shared (async) call that hangs or fails is split."""
-        self._record(live)
+        recorders = self._record(live)
+        for recorder in recorders:
+            recorder.reward_started()
+        try:
+            await self._call_timed(live, queries)
+        finally:
+            for recorder in recorders:
+                recorder.reward_finished()
+
+    async def _call_timed(self, live: list[Pending], queries: list[str]) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         info = self._query_info(queries[0]) if len(queries) == 1 else None
@@ -131,8 +140,9 @@ class ScoreCalls:
         deadlines = [i[1] for i in infos if i is not None and i[1] is not None]
         return min(limit, min(deadlines) / 4) if deadlines else limit
 
-    def _record(self, live: list[Pending]) -> None:
-        """One reward call in the metrics of each run that has items in it."""
+    def _record(self, live: list[Pending]) -> list[MetricsRecorder]:
+        """One reward call in the metrics of each run that has items in it; those runs'
+        recorders."""
         by_recorder: dict[int, tuple[MetricsRecorder, list[Pending]]] = {}
         for p in live:
             info = self._query_info(p.query_id)
@@ -140,6 +150,7 @@ class ScoreCalls:
                 by_recorder.setdefault(id(info[0]), (info[0], []))[1].append(p)
         for recorder, items in by_recorder.values():
             recorder.reward_call(len(items), sum(p.tokens for p in items))
+        return [recorder for recorder, _ in by_recorder.values()]
 
 
 def _cancelling() -> bool:

@@ -25,6 +25,8 @@ EXTRAS = {
     "nodes",
     "executor_cpu_s",
     "executor_cpu_us_per_token",
+    "generation_pending_s",
+    "reward_pending_s",
     "peak_rss_mb",
     "useful_tokens_per_s",
 }
@@ -94,6 +96,9 @@ async def test_metrics_match_the_run() -> None:
     assert m.goodput == pytest.approx(m.solved / m.wall_s)  # all within the 60 s deadline
     assert m.spec_hit_rate == 0.0 and m.speculative_nodes == 0  # baseline never speculates
     assert m.peak_kv_blocks == 0  # the scripted backend has no KV cache
+    # where the time went from the executor's side: some with calls out, none past the run
+    assert 0 < m.generation_pending_s <= m.wall_s + 1e-9
+    assert 0 < m.reward_pending_s <= m.wall_s + 1e-9
 
 
 def test_empty_summary_is_all_zero_and_finite() -> None:
