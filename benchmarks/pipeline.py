@@ -141,8 +141,9 @@ async def run_executor(backend: Any, queries: int) -> tuple[float, dict[str, flo
     stats = _diff(backend.stats(), before)
     metrics = batch.metrics
     stats["executor_cpu_s"] = metrics.executor_cpu_s
-    stats["gen_pending_s"] = metrics.generation_pending_s
-    stats["reward_pending_s"] = metrics.reward_pending_s
+    # (getattr: the same script measures builds from before these figures existed)
+    stats["gen_pending_s"] = getattr(metrics, "generation_pending_s", 0.0)
+    stats["reward_pending_s"] = getattr(metrics, "reward_pending_s", 0.0)
     return wall, stats
 
 
@@ -155,6 +156,7 @@ def _row(wall: float, stats: dict[str, float]) -> dict[str, float]:
                 "prm_queue_s", "prm_reply_s", "executor_cpu_s", "gen_pending_s",
                 "reward_pending_s"):  # fmt: skip
         ms[key.removesuffix("_s")] = 1e3 * stats.get(key, 0.0) / steps
+    ms["busy"] = stats.get("step_seconds", 0.0) / wall  # share of the wall inside steps
     return {"wall_s": wall, "steps": steps, "steps_per_s": steps / wall,
             "tokens_per_s": stats.get("num_generated_tokens", 0.0) / wall,
             "graph_steps": stats.get("num_graph_steps", 0.0), "ms_per_step": ms}  # fmt: skip
