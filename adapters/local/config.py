@@ -288,10 +288,11 @@ class CoreOptions:
     in-thread engine: 2.15x / 1.35x / 1.09x at 1 / 32 / 64 queries with its own child,
     1.59x / 1.22x / 1.23x sharing one). None (the default): a child of its own on CPU, one
     child for both on CUDA, where two processes share the GPU only by time slices (their
-    kernels never overlap; on an H200 the engine's replayed forward took 5.9 ms of GPU time
-    a step with the PRM's process beside it, 0.54 ms without, ``benchmarks/results/h200/
-    pipeline_cuda.json``) and one process's threads share a CUDA context (the PRM scores on
-    a stream of its own). With ``threads`` None and two children,
+    kernels never overlap) and one process's threads share a CUDA context (the PRM scores
+    on a stream of its own). On an H200 before CUDA graphs the main job at one query ran
+    0.73 q/s with the PRM in the engine's process vs 0.56-0.66 in its own; with graphs the
+    engine's GPU time a step was 5.9 ms through the executor with the PRM's process beside
+    it vs 0.54 ms with no PRM calls (``benchmarks/results/h200/pipeline_cuda.json``). With ``threads`` None and two children,
     the PRM child gets a third of the cores but one and the engine the rest (1 and 1 on 2
     cores). ``launcher``:
     ``"fork"`` forks each child from a warm fork server (torch already imported: a start
