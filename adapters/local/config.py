@@ -292,9 +292,9 @@ class CoreOptions:
     on a stream of its own). On an H200 before CUDA graphs the main job at one query ran
     0.73 q/s with the PRM in the engine's process vs 0.56-0.66 in its own; with graphs the
     engine's GPU time a step was 5.9 ms through the executor with the PRM's process beside
-    it vs 0.54 ms with no PRM calls (``benchmarks/results/h200/pipeline_cuda.json``). With ``threads`` None and two children,
-    the PRM child gets a third of the cores but one and the engine the rest (1 and 1 on 2
-    cores). ``launcher``:
+    it vs 0.54 ms with no PRM calls (``benchmarks/results/h200/pipeline_cuda.json``). With
+    ``threads`` None and two children, the PRM child gets a third of the cores but one and
+    the engine the rest (1 and 1 on 2 cores). ``launcher``:
     ``"fork"`` forks each child from a warm fork server (torch already imported: a start
     costs the model load only), ``"spawn"`` starts a fresh interpreter, ``"auto"`` forks on
     Linux. ``start_timeout_s`` bounds the start

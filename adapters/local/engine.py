@@ -239,7 +239,7 @@ class LLMEngine:
             return []
         clock.lap("schedule")
         if spec is not None:
-            spec.extend(plan, self.config.max_num_batched_tokens - plan.num_tokens)
+            spec.extend(plan, self._draft_budget(plan))
             clock.lap("draft")
         for row in plan.rows:  # the blocks filled in this step (a draft's only once kept)
             self.block_manager.publish(row.seq, row.start + 1 if row.draft else row.end)
@@ -259,6 +259,18 @@ class LLMEngine:
             clock.lap("draft")
         self.step_seconds += time.perf_counter() - started
         return finished
+
+    def _draft_budget(self, plan: StepPlan) -> int:
+        """Tokens drafts may add to ``plan``. A step that replays from a CUDA graph stays
+        within the largest graph: past it the step runs eagerly, a cliff in its cost (on
+        an H200 the engine alone's steps took 3.3x as long eagerly as replayed,
+        ``benchmarks/results/h200/cuda_graphs.json``) that the speculator's step-cost curve,
+        measured on plain decode steps, does not show."""
+        budget = self.config.max_num_batched_tokens - plan.num_tokens
+        limit = self.runner.graph_token_limit
+        if limit is not None and plan.num_tokens <= limit:
+            budget = min(budget, limit - plan.num_tokens)
+        return budget
 
     def _isolate(self, plan: StepPlan, cow: list[tuple[int, int]]) -> StepPlan:
         """The step's forward raised: run each row alone; fail the requests of the rows that

@@ -25,7 +25,7 @@ from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import load_paged_kernel
 from .sequence import ScheduledRow
 from .stage_clock import GpuTimer, StageClock
-from .triton_paged import load_triton_kernel
+from .triton_paged import TritonPagedKernel, load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
 
@@ -109,6 +109,11 @@ class ModelRunner:
         self.attention, self._kernel, self.kernel_note = _choose_attention(
             attention, device, self._dtype
         )
+        # The Triton kernel takes prompt chunks of any length too (each token one query over
+        # slots 0..p): every step then reads the pool in place, none gathers contexts for
+        # SDPA (whose fused kernels on CUDA plan anew for each new shape), and any step up
+        # to the largest bucket replays from a graph. The C kernel keeps long chunks apart.
+        self._every_row_paged = isinstance(self._kernel, TritonPagedKernel)
         self.graphs: GraphedDecode | None = None
         if cuda_graphs and device.startswith("cuda"):
             if self.attention == "paged" and self._kernel is not None:
@@ -261,6 +266,8 @@ class ModelRunner:
         """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
         chunk of a few tokens costs less there than a gather and SDPA of its own) and the
         rest (prompts alone run faster through SDPA)."""
+        if self._every_row_paged:
+            return list(rows), []
         if self.attention not in ("sparse", "paged") or not num_decode:
             return [], list(rows)
         small = [r for r in rows[num_decode:] if r.num_tokens <= SPARSE_CHUNK_TOKENS]
@@ -351,6 +358,12 @@ class ModelRunner:
         gpu.end()
         clock.lap("forward")
         return logits
+
+    @property
+    def graph_token_limit(self) -> int | None:
+        """The most tokens a step may have and still replay from a graph (None: no graphs)."""
+        graphs = self.graphs
+        return graphs.buckets[-1] if graphs is not None and graphs.enabled else None
 
     def _all_paged(self, rows: Seq[ScheduledRow], num_decode: int) -> bool:
         sparse_rows, dense_rows = self._split(rows, num_decode)

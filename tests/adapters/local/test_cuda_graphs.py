@@ -112,6 +112,58 @@ def test_graphed_forward_matches_the_eager_step(make_engine: Any) -> None:
     assert len(checked) >= 10 and any(pad > 0 for pad in checked)
 
 
+def test_every_row_through_the_triton_kernel_keeps_outputs(
+    make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the Triton kernel (CUDA's), prompt chunks of any length attend through it too:
+    same greedy texts and prompt logprobs as the CPU engine's own paths (C kernel for decode
+    rows and short chunks, gather + SDPA for long prompts)."""
+    from spec_tot.adapters.local import runner as runner_module
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=1)
+    prompts = ["hello there, a prompt longer than one 32-token chunk of the CPU path", "abc"]
+    out = []
+    for triton in (False, True):
+        if triton:
+            monkeypatch.setattr(
+                runner_module, "load_paged_kernel", lambda: load_triton_kernel("cpu")
+            )
+        engine = make_engine()
+        assert engine.runner._every_row_paged is triton
+        for i, prompt in enumerate(prompts):
+            request = GenerateRequest(f"r{i}", params, prompt=prompt, n=2, prompt_logprobs_from=1)
+            engine.add_request(request)
+        done = run_all(engine)
+        out.append({k: r for k, r in done.items()})
+    for rid, plain in out[0].items():
+        other = out[1][rid]
+        assert [c.text for c in plain.completions] == [c.text for c in other.completions]
+        want = [lp for lp in plain.prompt_logprobs if lp is not None]
+        got = [lp for lp in other.prompt_logprobs if lp is not None]
+        assert len(want) == len(got) > 0
+        for a, b in zip(want, got, strict=True):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+
+
+def test_drafts_keep_a_graphable_step_within_the_largest_graph(
+    make_engine: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from spec_tot.adapters.local.runner import ModelRunner
+    from spec_tot.adapters.local.scheduler import StepPlan
+
+    engine = make_engine()
+    seq = SimpleNamespace(token_ids=[0] * 64, block_table=[0] * 16)
+
+    def plan(tokens: int) -> Any:
+        return StepPlan([ScheduledRow(seq, 0, tokens)], 1)  # type: ignore[arg-type]
+
+    full = engine.config.max_num_batched_tokens
+    assert engine._draft_budget(plan(30)) == full - 30  # no graphs (CPU)
+    monkeypatch.setattr(ModelRunner, "graph_token_limit", property(lambda self: 40))
+    assert engine._draft_budget(plan(30)) == 10
+    assert engine._draft_budget(plan(50)) == full - 50  # eager anyway: the usual budget
+
+
 @cuda
 def test_graphs_keep_greedy_outputs(tiny_llama: Path) -> None:
     from spec_tot.adapters.local.config import EngineConfig
