@@ -175,8 +175,9 @@ class Sampler:
         dev = logits.device
         params = [seqs[i].params for i in group]
         temps = to_device([p.temperature for p in params], logits.dtype, dev)
-        index = to_device(group, torch.int64, dev)
-        probs = torch.softmax(logits[index] / temps[:, None], dim=-1)
+        # the usual step samples every row: no gather (and no index to send) then
+        rows = logits if len(group) == len(seqs) else logits[to_device(group, torch.int64, dev)]
+        probs = torch.softmax(rows / temps[:, None], dim=-1)
         order = None
         if is_filtered:
             vocab = probs.shape[-1]
