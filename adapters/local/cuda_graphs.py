@@ -137,7 +137,7 @@ class GraphStats:
 class GraphedDecode:
     """Captures and replays the paged-only step forward per bucket (see the module doc).
     ``run`` returns the logits of every token of the step (``[tokens, vocab]``, float32, a
-    view of the graph's static output: valid until the next step)."""
+    view of the graphs' one static output: valid until the next step)."""
 
     def __init__(
         self,
@@ -153,6 +153,11 @@ class GraphedDecode:
         self.buffer = StepBuffer(
             self.buckets[-1], max_blocks, cache.block_size, cache.scratch_block, device
         )
+        # every graph writes its logits into this one buffer: a graph's own output would
+        # stay allocated for as long as the graph lives, one [n, vocab] per bucket (about
+        # 5 GB over the buckets for a 152k vocabulary), where this is one [512, vocab]
+        vocab = model.args.vocab_size
+        self._logits = torch.empty((self.buckets[-1], vocab), dtype=torch.float32, device=device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: tuple[int, int] | None = None
         self.enabled = True
@@ -175,7 +180,9 @@ class GraphedDecode:
         cos, sin = self.model.rope(positions)
         meta = PagedMeta(view[:, _TABLE:], positions + 1, n, self.kernel)
         step = StepInputs(view[:, _ID], view[:, _SLOT], cos, sin, meta, ())
-        return self.model.logits(self.model(step, self.cache))
+        out = self._logits[:n]
+        out.copy_(self.model.logits(self.model(step, self.cache)))
+        return out
 
     def _capture(self, n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         side = torch.cuda.Stream()
