@@ -126,7 +126,12 @@ def _load(engine: Any, tag: str, queries: int, n: int) -> None:
 
 
 def engine_alone(device: str, rounds: int, queries: int, n: int) -> dict[str, Any]:
-    engines = {g: _engine(device, "auto", g, True) for g in (False, True)}
+    engines, memory_mb = {}, {}
+    for g in (False, True):  # GPU memory each engine holds (pool, weights, graphs' buffers)
+        before = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+        engines[g] = _engine(device, "auto", g, True)
+        after = torch.cuda.memory_allocated() if device.startswith("cuda") else 0
+        memory_mb[g] = (after - before) / 2**20
     rows: dict[bool, list[dict[str, float]]] = {False: [], True: []}
     for rnd in range(rounds + 1):
         for graphs in (False, True) if rnd % 2 else (True, False):
@@ -155,6 +160,9 @@ def engine_alone(device: str, rounds: int, queries: int, n: int) -> dict[str, An
     out: dict[str, Any] = {}
     for graphs, rs in rows.items():
         out[f"graphs_{graphs}"] = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        out[f"graphs_{graphs}"]["engine_memory_mb"] = memory_mb[graphs]
+        stats = engines[graphs].stats()
+        out[f"graphs_{graphs}"]["capture_s"] = stats.get("graph_capture_s", 0.0)
     pairs = zip(rows[True], rows[False], strict=True)
     ratios = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in pairs]
     out["graphs_vs_eager_tokens_per_s"] = {"median": statistics.median(ratios), "ratios": ratios}
