@@ -210,9 +210,13 @@ def _check_safetensors(file: Path, field: str) -> None:
     fails here (a ``BackendError``: the option is right, the file is not), before any
     process starts, not in the middle of a model load."""
     import json
+    import stat
     import struct
 
-    size = file.stat().st_size
+    info = file.stat()
+    if not stat.S_ISREG(info.st_mode):  # a FIFO's open() blocks until a writer comes
+        raise ConfigError(field, f"{file} is not a regular file (a FIFO, device or socket?)")
+    size = info.st_size
     try:
         with file.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))

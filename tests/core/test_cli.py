@@ -6,6 +6,7 @@ error; the main commands and every ``--help`` work."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -171,6 +172,22 @@ def test_a_truncated_model_file_is_one_line_naming_the_option(
     assert f"backend 'local' did not start (--backend-opt policy_path={folder})" in line, line
 
 
+@pytest.mark.timeout(60)
+def test_a_weight_file_that_is_a_fifo_is_refused_not_opened(
+    tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """open() of a FIFO blocks until a writer comes: on 2f33153 this hung forever."""
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "model.safetensors").unlink()
+    os.mkfifo(folder / "model.safetensors")
+    code, out, err = invoke(
+        capsys, "run", "--queries", "1", "--backend-opt", f"policy_path={folder}"
+    )
+    line = one_line(err)
+    assert code == 2 and out == "" and "policy_path" in line and "not a regular file" in line
+
+
 def test_every_query_failed_is_an_error_not_a_result(
     tiny_llama: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -248,7 +265,10 @@ def test_help_works_everywhere(command: list[str], capsys: pytest.CaptureFixture
         (" ", "must not be empty"),
         ("\t\n", "must not be empty"),
         ("k3y ", "has leading or trailing whitespace"),
-        ("\udcffkey", "is not valid Unicode"),  # argv/environ bytes that are not UTF-8
+        ("\udcffkey", "must be visible ASCII"),  # argv/environ bytes that are not UTF-8
+        ("abc\ndef", "must be visible ASCII"),  # no client can send a newline in a header
+        ("k\u00e9y", "must be visible ASCII"),
+        ("a b", "must be visible ASCII"),
     ],
 )
 def test_serve_reads_the_api_key_from_its_env_var(
@@ -282,7 +302,7 @@ def test_serve_auth_choice_is_checked_before_the_engine_loads(
     monkeypatch.setattr(cli, "_start_backend", refuse)
     monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
     for argv in (
-        ["serve", "--host", "0.0.0.0", "--api-key", "k\u00e9y"],  # non-ASCII: UTF-8 bytes
+        ["serve", "--host", "0.0.0.0", "--api-key", "k3y!~"],  # every visible ASCII goes
         ["serve", "--host", "0.0.0.0", "--insecure-no-auth"],
         ["serve", "--host", "localhost"],
         ["serve", "--host", "::1"],

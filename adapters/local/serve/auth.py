@@ -24,18 +24,23 @@ __all__ = ["BearerAuth", "check_api_key"]
 
 
 def check_api_key(key: object, field: str) -> bytes:
-    """The key's UTF-8 bytes; a ``ConfigError`` naming ``field`` for a key that is empty,
-    only whitespace, padded with whitespace, or not encodable."""
+    """The key's bytes; a ``ConfigError`` naming ``field`` for a key that is empty, only
+    whitespace, padded with whitespace, or not sendable as an HTTP header value (visible
+    ASCII, no whitespace inside either)."""
     if not isinstance(key, str):
         raise ConfigError(field, f"must be a string, got {type(key).__name__}")
     if not key.strip():
         raise ConfigError(field, "must not be empty or whitespace (that would turn auth off)")
     if key != key.strip():
         raise ConfigError(field, "has leading or trailing whitespace, which no client can send")
-    try:
-        return key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(field, "is not valid Unicode (it cannot be sent as UTF-8)") from None
+    bad = next((c for c in key if not "!" <= c <= "~"), None)
+    if bad is not None:
+        # an HTTP header value: a newline, space, control or non-ASCII character in it
+        # cannot be sent (or is sent mangled), and every request would then be a 401
+        raise ConfigError(
+            field, f"must be visible ASCII with no whitespace (an HTTP header value), has {bad!r}"
+        )
+    return key.encode("ascii")
 
 
 class BearerAuth:
