@@ -49,8 +49,8 @@ def create_local(
         EngineConfig,
         PrmConfig,
         SyntheticWorkload,
-        check_model_folder,
     )
+    from .model_files import check_model_folder
 
     synthetic = options.pop("synthetic", None)
     prm_options = {

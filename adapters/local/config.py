@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spec_tot.errors import BackendError, ConfigError
+from spec_tot.errors import ConfigError
 
 __all__ = [
     "ATTENTION_MODES",
@@ -20,7 +19,6 @@ __all__ = [
     "PrmConfig",
     "SyntheticWorkload",
     "cache_root",
-    "check_model_folder",
     "resolve_device",
     "resolve_dtype",
 ]
@@ -185,52 +183,6 @@ def cache_root() -> Path:
     if given:
         return Path(given)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
-
-
-def check_model_folder(path: str | Path, field: str, needs: Sequence[str] = ()) -> Path:
-    """``path`` as a Hugging Face folder: ``config.json``, at least one ``*.safetensors``
-    and every file of ``needs``; else a ``ConfigError`` naming ``field`` (cheap: it reads
-    only the weight files' headers, so a typo costs no model load)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        raise ConfigError(field, f"{folder} is not a folder")
-    for name in ("config.json", *needs):
-        if not (folder / name).is_file():
-            raise ConfigError(field, f"{folder} has no {name}")
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
-        raise ConfigError(field, f"{folder} has no *.safetensors file")
-    for file in weights:
-        _check_safetensors(file, field)
-    return folder
-
-
-def _check_safetensors(file: Path, field: str) -> None:
-    """The file's header parses and its tensors fit in it: a truncated or broken download
-    fails here (a ``BackendError``: the option is right, the file is not), before any
-    process starts, not in the middle of a model load."""
-    import json
-    import stat
-    import struct
-
-    info = file.stat()
-    if not stat.S_ISREG(info.st_mode):  # a FIFO's open() blocks until a writer comes
-        raise ConfigError(field, f"{file} is not a regular file (a FIFO, device or socket?)")
-    size = info.st_size
-    try:
-        with file.open("rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                raise ValueError(f"header of {length} bytes in a file of {size}")
-            header = json.loads(f.read(length))
-        end = max(
-            (int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"),
-            default=0,
-        )
-    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
-        raise BackendError("local", f"{file} is not a readable safetensors file ({exc})") from None
-    if 8 + length + end > size:
-        raise BackendError("local", f"{file} is truncated: {size} bytes, {8 + length + end} needed")
 
 
 def resolve_device(name: str) -> str:

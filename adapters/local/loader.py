@@ -11,8 +11,8 @@ import torch
 
 from spec_tot.errors import ConfigError
 
-from .config import check_model_folder
 from .model import DecoderModel, ModelArgs, rope_inv_freq, rope_tables
+from .model_files import check_model_folder
 
 __all__ = [
     "LoadedModel",

@@ -188,6 +188,28 @@ def test_a_weight_file_that_is_a_fifo_is_refused_not_opened(
     assert code == 2 and out == "" and "policy_path" in line and "not a regular file" in line
 
 
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("tokenizer.json", b""),  # was: "local: JSONDecodeError(...)", exit 1, no file named
+        ("tokenizer.json", b"\xff\xfe not json"),
+        ("config.json", b"{not json"),  # was: "local: OSError(...)" after start-up, exit 1
+        ("config.json", b"[1, 2]"),
+    ],
+)
+def test_corrupt_json_in_a_model_folder_is_refused_up_front(
+    name: str, content: bytes, tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    (folder / name).write_bytes(content)
+    code, out, err = invoke(
+        capsys, "run", "--queries", "1", "--backend-opt", f"policy_path={folder}"
+    )
+    line = one_line(err)
+    assert code == 2 and out == "" and "policy_path" in line and name in line, line
+
+
 def test_every_query_failed_is_an_error_not_a_result(
     tiny_llama: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
