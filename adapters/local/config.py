@@ -14,14 +14,56 @@ __all__ = [
     "ATTENTION_MODES",
     "DTYPES",
     "LAUNCHERS",
+    "MAX_KV_BLOCKS",
+    "MAX_KV_TOKENS",
+    "SIZE_BOUNDS",
     "CoreOptions",
     "EngineConfig",
     "PrmConfig",
     "SyntheticWorkload",
     "cache_root",
+    "check_bound",
+    "check_kv_pool",
     "resolve_device",
     "resolve_dtype",
 ]
+
+# Upper bounds of the options that size memory or time, checked before anything loads. The
+# block manager keeps one Python object per KV block (~0.2 KB: a million blocks is ~200 MB
+# before any tensor), so the pool's block count has a bound of its own beside its tokens.
+# A value past a bound is a ConfigError naming the option, the value and the bound.
+MAX_KV_BLOCKS = 1 << 20
+MAX_KV_TOKENS = 1 << 24
+SIZE_BOUNDS: dict[str, int] = {
+    "block_size": 1024,
+    "num_kv_blocks": MAX_KV_BLOCKS,
+    "max_num_seqs": 1 << 14,
+    "max_model_len": 1 << 20,
+    "max_num_batched_tokens": 1 << 20,
+    "max_draft_tokens": 256,
+    "ngram_max": 64,
+    "ngram_min": 64,
+    "threads": 4096,
+}
+MAX_START_TIMEOUT_S = 24 * 3600.0
+
+
+def check_bound(name: str, value: int, high: int, shown: str | None = None) -> None:
+    if value > high:
+        raise ConfigError(shown or name, f"{value} is over the bound of {high}")
+
+
+def check_kv_pool(num_blocks: int, block_size: int, prefix: str = "") -> None:
+    """The pool's block count and its tokens (blocks x block size) within their bounds."""
+    check_bound("num_kv_blocks", num_blocks, MAX_KV_BLOCKS, prefix + "num_kv_blocks")
+    tokens = num_blocks * block_size
+    if tokens > MAX_KV_TOKENS:
+        raise ConfigError(
+            prefix + "num_kv_blocks",
+            f"{num_blocks} blocks of {block_size} tokens hold {tokens} tokens, over the bound "
+            f"of {MAX_KV_TOKENS}",
+        )
+
 
 # Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -132,6 +174,8 @@ class EngineConfig:
                 raise ConfigError(name, f"must be an int, got {value!r}")
             if value < 1:
                 raise ConfigError(name, f"must be >= 1, got {value}")
+            check_bound(name, value, SIZE_BOUNDS[name])
+        check_kv_pool(self.num_kv_blocks, self.block_size)
         for name in ("enable_prefix_caching", "enable_dedup", "mixed_steps", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
@@ -161,6 +205,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(name, f"must be an int >= {low}, got {value!r}")
+            check_bound(name, value, SIZE_BOUNDS[name])
         if self.ngram_max and self.ngram_min > self.ngram_max:
             raise ConfigError(
                 "ngram_min", f"must be <= ngram_max ({self.ngram_max}), got {self.ngram_min}"
@@ -225,6 +270,8 @@ class PrmConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"prm_{name}", f"must be an int >= 1, got {value!r}")
+        check_bound("block_size", self.block_size, SIZE_BOUNDS["block_size"], "prm_block_size")
+        check_kv_pool(self.num_kv_blocks, self.block_size, "prm_")
 
 
 LAUNCHERS = ("auto", "fork", "spawn")
@@ -275,10 +322,16 @@ class CoreOptions:
             not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
         ):
             raise ConfigError("threads", f"must be an int >= 1 or None, got {threads!r}")
+        if threads is not None:
+            check_bound("threads", threads, SIZE_BOUNDS["threads"])
         if self.launcher not in LAUNCHERS:
             raise ConfigError("launcher", f"must be one of {LAUNCHERS}, got {self.launcher!r}")
         timeout = self.start_timeout_s
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
             raise ConfigError("start_timeout_s", f"must be > 0, got {timeout!r}")
+        if timeout > MAX_START_TIMEOUT_S:
+            raise ConfigError(
+                "start_timeout_s", f"{timeout} is over the bound of {MAX_START_TIMEOUT_S}"
+            )
         if self.hook is not None and (not isinstance(self.hook, str) or ":" not in self.hook):
             raise ConfigError("core_hook", f"must be 'module:function', got {self.hook!r}")

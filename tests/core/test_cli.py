@@ -172,6 +172,28 @@ def test_a_truncated_model_file_is_one_line_naming_the_option(
     assert f"backend 'local' did not start (--backend-opt policy_path={folder})" in line, line
 
 
+@pytest.mark.parametrize(
+    ("option", "bound"),
+    [
+        ("num_kv_blocks=1000000000000", "num_kv_blocks: 1000000000000 is over the bound of"),
+        ("max_num_seqs=99999999", "max_num_seqs: 99999999 is over the bound of"),
+        ("max_model_len=1073741824", "max_model_len: 1073741824 is over the bound of"),
+        ("threads=100000", "threads: 100000 is over the bound of"),
+        ("num_kv_blocks=1000000", "hold 17000000 tokens"),  # under the block bound: tokens
+    ],
+)
+def test_sizes_past_their_bounds_are_refused_before_anything_loads(
+    option: str, bound: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On 2f33153 num_kv_blocks=10**12 was accepted and the core grew past 15 GB."""
+    if option == "num_kv_blocks=1000000":
+        option += " block_size=17"  # 17M tokens: past MAX_KV_TOKENS
+    opts = [x for o in option.split() for x in ("--backend-opt", o)]
+    code, out, err = invoke(capsys, "run", "--queries", "1", *opts)
+    line = one_line(err)
+    assert code == 2 and out == "" and bound in line, line
+
+
 @pytest.mark.timeout(60)
 def test_a_weight_file_that_is_a_fifo_is_refused_not_opened(
     tiny_llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -167,6 +167,15 @@ def test_the_prm_shares_the_engine_process_on_cuda_only(monkeypatch: pytest.Monk
         CoreOptions(prm_process="yes")  # type: ignore[arg-type]
 
 
+def test_the_prm_pool_and_the_core_start_have_bounds() -> None:
+    from spec_tot.adapters.local.config import CoreOptions
+
+    with pytest.raises(ConfigError, match="prm_num_kv_blocks: 1000000000 is over the bound"):
+        PrmConfig(path="unused", num_kv_blocks=10**9)
+    with pytest.raises(ConfigError, match=r"start_timeout_s: 1000000000000\.0 is over the bound"):
+        CoreOptions(start_timeout_s=1e12)
+
+
 def test_default_threads_split_the_spare_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every core but one for the children; split, a third of them to the PRM's, one each
     at least."""
