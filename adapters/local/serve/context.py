@@ -18,7 +18,7 @@ from .limits import Admission, ServeLimits
 from .live import LiveRequests
 from .schema import Limits
 
-__all__ = ["BodyTimeout", "BodyTooLarge", "ServeContext"]
+__all__ = ["BodyTimeout", "BodyTooLarge", "ClientGone", "ServeContext"]
 
 T = TypeVar("T")
 
@@ -29,6 +29,11 @@ class BodyTooLarge(ValueError):
 
 class BodyTimeout(ValueError):
     """The body did not arrive within ``body_timeout_s``: a 408."""
+
+
+class ClientGone(Exception):
+    """The client went away while its work ran (its samples were aborted): nobody reads an
+    answer, and it is not a server error."""
 
 
 async def _disconnected(request: Request) -> None:
@@ -108,7 +113,8 @@ class ServeContext:
 
     # -- running ---------------------------------------------------------------------------
     async def until_disconnect(self, request: Request, work: Awaitable[T]) -> T:
-        """Await ``work``; a client that goes away cancels it (and so aborts its samples).
+        """Await ``work``; a client that goes away cancels it (and so aborts its samples)
+        and raises ``ClientGone``.
 
         The body has been read, so the server's next message is ``http.disconnect``: one
         waiter per request, no polling (a timer per request woke the event loop hundreds of
@@ -119,7 +125,7 @@ class ServeContext:
             await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
                 return task.result()
-            raise asyncio.CancelledError
+            raise ClientGone(request.url.path)
         finally:
             for pending in (task, gone):
                 if not pending.done():

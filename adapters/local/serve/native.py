@@ -18,7 +18,7 @@ from starlette.routing import Route
 from spec_tot.errors import ConfigError
 
 from .classify import parse_classify, score_batch
-from .context import BodyTimeout, BodyTooLarge, ServeContext
+from .context import BodyTimeout, BodyTooLarge, ClientGone, ServeContext
 from .fields import check_known, opt_bool, opt_str
 from .limits import ServerBusy, prompt_tokens
 from .live import run_samples
@@ -157,6 +157,9 @@ def guarded(
             return await handler(request)
         except ClientDisconnect:
             return Response(status_code=400)  # gone before its body arrived: nobody reads it
+        except ClientGone:  # gone while its samples ran: a normal event, logged once
+            _log.info("client disconnected during %s %s", request.method, request.url.path)
+            return Response(status_code=499)  # nginx's "client closed request": unread
         except ServerBusy as exc:
             body = error_body(str(exc), exc.limit, 429)
             retry = {"Retry-After": str(exc.retry_after_s)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -352,6 +353,36 @@ async def test_lone_surrogates_and_empty_text_are_a_400_naming_the_field_on_ever
         # raw bytes that are not UTF-8 at all: the body is not JSON
         reply = await client.post(url + "/generate", content=b'{"text": "\xff\xfe"}')
         assert reply.status_code == 400 and "body" in reply.text
+
+
+async def test_a_client_that_leaves_mid_generate_is_logged_once_at_info(
+    clean: tuple[LocalBackend, str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """On 2f33153 every such client logged "Exception in ASGI application" at ERROR with a
+    CancelledError traceback: a normal event reported as a server error."""
+    _, url, _ = clean
+    body = {"text": "1 2 3 4", "sampling_params": {"max_new_tokens": 240, "ignore_eos": True}}
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    with caplog.at_level(logging.INFO):
+        async with httpx.AsyncClient(timeout=60, limits=fresh) as client:
+            tasks = [
+                asyncio.create_task(client.post(url + "/generate", json=body)) for _ in range(4)
+            ]
+            for _ in range(500):
+                info = (await client.get(url + "/get_server_info")).json()
+                if info["num_running_reqs"] + info["num_waiting_reqs"] >= 4:
+                    break
+                await asyncio.sleep(0.01)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(200):  # the server sees each disconnect on its own schedule
+            gone = [r for r in caplog.records if "client disconnected during" in r.getMessage()]
+            if len(gone) == 4:
+                break
+            await asyncio.sleep(0.01)
+    assert len(gone) == 4 and all(r.levelno == logging.INFO for r in gone)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 # -- load reports ----------------------------------------------------------------------------
