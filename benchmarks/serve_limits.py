@@ -53,6 +53,9 @@ import httpx
 SCENARIOS = ("oversize", "fuzz", "capped", "floods", "streams", "disconnects")
 
 
+JSON_TYPE = {"content-type": "application/json"}  # JSON routes require it
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -249,7 +252,7 @@ async def oversize(server: Server) -> dict[str, Any]:
             times, codes = [], set()
             for _ in range(20):
                 started = time.perf_counter()
-                reply = await client.post(server.url + path, content=raw)
+                reply = await client.post(server.url + path, content=raw, headers=JSON_TYPE)
                 times.append(time.perf_counter() - started)
                 codes.add(reply.status_code)
             out[path] = {
@@ -322,7 +325,7 @@ async def fuzz(server: Server, count: int = 1500, seed: int = 22) -> dict[str, A
         async def send(route: str, raw: bytes) -> None:
             async with gate:
                 try:
-                    reply = await client.post(server.url + route, content=raw)
+                    reply = await client.post(server.url + route, content=raw, headers=JSON_TYPE)
                 except httpx.HTTPError as exc:
                     server_errors.append({"route": route, "error": repr(exc), "body": raw[:200]})
                     return

@@ -287,12 +287,15 @@ def build_server(
     limits: Sequence[str] | None = None,
     insecure_no_auth: bool = False,
     key_source: str = "--api-key",
+    allow_origin: Sequence[str] | None = None,
 ) -> Any:
     """The ``serve`` app: every option checked (auth, limits, the port tried) before the
     engine loads. Without a key a non-loopback ``host`` is refused unless
     ``insecure_no_auth``."""
     from spec_tot.adapters.local.serve import check_api_key, create_server_app
+    from spec_tot.adapters.local.serve.origin import check_origins
 
+    origins = check_origins(allow_origin or (), "--allow-origin")
     with as_option("--program"):
         prog = load_program(program or "game24")
     given = parse_backend_options(backend_opt, "local")
@@ -321,6 +324,7 @@ def build_server(
         model_path=str(options.get("policy_path", "")),
         api_key=api_key,
         limits=serve_limits,
+        allowed_origins=origins,
     )
 
 
@@ -349,6 +353,13 @@ def serve(
             "max_inflight_samples, max_connections, header_timeout_s, stream_stall_s, ...)."
         ),
     ] = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A web origin (https://host:port) whose pages may call this server; "
+            "repeatable. Default: none (a request with an Origin header is a 403)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
     from spec_tot.adapters.local.serve import GuardedServer, server_config
@@ -363,6 +374,7 @@ def serve(
         limits=limit,
         insecure_no_auth=insecure_no_auth,
         key_source=source,
+        allow_origin=allow_origin,
     )
     config = server_config(server, host=host, port=port)
     if key is None and not is_loopback(host):

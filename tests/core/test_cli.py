@@ -62,6 +62,7 @@ USAGE_ERRORS = [
     (["serve", "--port", "0"], "'--port'"),
     (["serve", "--backend-opt", "num_kv_blocks=abc"], "--backend-opt num_kv_blocks"),
     (["serve", "--api-key", " "], "--api-key: must not be empty"),
+    (["serve", "--allow-origin", "*"], "--allow-origin: '*' is not an origin"),
     (["serve", "--program", "nope"], "--program: unknown program 'nope'"),
     (["run", "--queries", "101"], "--queries: the test range holds 100 puzzles"),
     (["run", "--queries", "0"], "'--queries'"),

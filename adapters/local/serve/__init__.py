@@ -20,6 +20,7 @@ settings leave half-open connections open forever, and its accept loop meets ``E
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -36,6 +37,7 @@ from .context import ServeContext
 from .limits import ServeLimits
 from .native import internal_error, native_routes
 from .openai import openai_routes
+from .origin import CrossOriginGuard, check_origins
 from .outputs import error_body
 from .schema import GenerateBatch, Limits, parse_generate
 
@@ -58,13 +60,16 @@ def create_server_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     limits: ServeLimits | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> Starlette:
     """The ASGI app. ``served_model_name`` (default: the model folder's name) is the model id
     of the OpenAI routes; ``api_key`` turns on Bearer authentication (``check_api_key``'s
     rule: an empty or padded key is a ``ConfigError``, never auth turned off); ``limits``:
-    the server's limits (default ``ServeLimits()``)."""
+    the server's limits (default ``ServeLimits()``); ``allowed_origins``: the web origins
+    whose pages may call it (default none: ``origin.py``)."""
     if api_key is not None:
         check_api_key(api_key, "api_key")
+    origins = check_origins(allowed_origins, "allowed_origins")
     if limits is not None and not isinstance(limits, ServeLimits):
         raise ConfigError("limits", f"must be a ServeLimits, got {type(limits).__name__}")
     name = served_model_name or (Path(model_path).name if model_path else "default")
@@ -92,4 +97,6 @@ def create_server_app(
     app.state.serve = ctx
     if api_key is not None:
         app.add_middleware(BearerAuth, api_key=api_key)
+    # added last, so outermost: a page's request is refused before auth or any route
+    app.add_middleware(CrossOriginGuard, allowed_origins=origins)
     return app

@@ -29,6 +29,9 @@ __all__ = ["tiny_llama", "tiny_prm"]
 torch.set_num_threads(1)
 
 
+JSON_TYPE = {"content-type": "application/json"}  # JSON routes require it
+
+
 # One engine for the module's async tests (the fuzz suite has its own server in a thread);
 # every test still ends with nothing running and every KV block free (``clean``).
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -87,7 +90,7 @@ async def test_poison_one_bad_request_fails_alone(clean: tuple[LocalBackend, str
         for name, bad, field in BAD:
             replies = await asyncio.gather(
                 *(client.post(f"{url}/generate", json=good(i)) for i in range(8)),
-                client.post(f"{url}/generate", content=_raw(bad)),
+                client.post(f"{url}/generate", content=_raw(bad), headers=JSON_TYPE),
                 *(client.post(f"{url}/generate", json=good(i)) for i in range(8, 16)),
             )
             bad_reply = replies[8]
@@ -98,7 +101,7 @@ async def test_poison_one_bad_request_fails_alone(clean: tuple[LocalBackend, str
             assert [r["output_ids"] for r in together] == [r["output_ids"] for r in alone], name
         for raw in (b"{not json", b"", b"[1,"):  # malformed bodies on every POST route
             for path in ("/generate", "/abort_request", "/classify", "/v1/completions"):
-                reply = await client.post(f"{url}{path}", content=raw)
+                reply = await client.post(f"{url}{path}", content=raw, headers=JSON_TYPE)
                 assert reply.status_code == 400 and "body" in reply.text, (path, raw)
     await assert_backend_free(backend)
 
@@ -291,7 +294,7 @@ def test_fuzz_never_a_5xx_and_nothing_leaks(fuzz_server: tuple[Any, str], case: 
     async def one() -> None:
         async with httpx.AsyncClient(timeout=60) as client:
             raw = _raw(body)
-            reply = await client.post(url + path, content=raw)
+            reply = await client.post(url + path, content=raw, headers=JSON_TYPE)
             assert reply.status_code < 500, (path, raw, reply.text)
             if reply.status_code >= 400:
                 assert reply.json()["error"]["message"]

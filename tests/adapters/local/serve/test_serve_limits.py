@@ -52,6 +52,9 @@ LIMITS = ServeLimits(
 )
 
 
+JSON_TYPE = {"content-type": "application/json"}  # JSON routes require it
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def server(tiny_llama: Path, tiny_prm: Path) -> AsyncIterator[tuple[LocalBackend, str, Any]]:
     backend = create_local(
@@ -165,7 +168,9 @@ async def test_body_and_header_limits_name_the_limit(clean: tuple[LocalBackend, 
     _, url, app = clean
     port = _port(url)
     async with httpx.AsyncClient(timeout=30) as client:
-        reply = await client.post(url + "/generate", content=b" " * (LIMITS.max_body_bytes + 1))
+        reply = await client.post(
+            url + "/generate", content=b" " * (LIMITS.max_body_bytes + 1), headers=JSON_TYPE
+        )
         assert reply.status_code == 413 and "max_body_bytes" in reply.text
         many = {f"x-h{i}": "1" for i in range(LIMITS.max_header_count + 1)}
         reply = await client.get(url + "/health", headers=many)
@@ -175,7 +180,10 @@ async def test_body_and_header_limits_name_the_limit(clean: tuple[LocalBackend, 
         assert reply.status_code == 431 and "max_header_bytes" in reply.text
     # a body that never arrives: a 408 once body_timeout_s has passed, then closed
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b'POST /generate HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{"te')
+    writer.write(
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b'content-length: 100\r\n\r\n{"te'
+    )
     await writer.drain()
     started = time.monotonic()
     got = await _closed_within(reader, LIMITS.body_timeout_s + 3)
@@ -341,18 +349,56 @@ async def test_lone_surrogates_and_empty_text_are_a_400_naming_the_field_on_ever
     async with httpx.AsyncClient(timeout=30) as client:
         for path, body, field, words in cases:
             raw = json.dumps(body)  # escapes the surrogate as \\udcff, as a client would
-            reply = await client.post(url + path, content=raw)
+            reply = await client.post(url + path, content=raw, headers=JSON_TYPE)
             assert reply.status_code == 400, (path, field, reply.text)
             message = reply.json()["error"]["message"]
             assert message.startswith(field + ": ") and words in message, (path, message)
         # the client's text quoted in an error (an unknown key) is escaped, never a 500
         for path, body, _, _ in cases:
-            reply = await client.post(url + path, content=json.dumps({**body, bad + "k": 1}))
+            reply = await client.post(
+                url + path, content=json.dumps({**body, bad + "k": 1}), headers=JSON_TYPE
+            )
             assert reply.status_code == 400, (path, reply.text)
             assert reply.json()["error"]["type"] == "invalid_request_error", reply.text
         # raw bytes that are not UTF-8 at all: the body is not JSON
-        reply = await client.post(url + "/generate", content=b'{"text": "\xff\xfe"}')
+        reply = await client.post(
+            url + "/generate", content=b'{"text": "\xff\xfe"}', headers=JSON_TYPE
+        )
         assert reply.status_code == 400 and "body" in reply.text
+
+
+async def test_web_pages_cannot_drive_a_local_server(
+    clean: tuple[LocalBackend, str, Any],
+) -> None:
+    """On 2f33153 a text/plain POST (a "simple" cross-origin request a page may send
+    unasked) ran on an unauthenticated loopback server."""
+    backend, url, _ = clean
+    body = json.dumps({"text": "1 2 3 4", "sampling_params": {"max_new_tokens": 2}})
+    async with httpx.AsyncClient(timeout=30) as client:
+        plain = {"content-type": "text/plain"}
+        reply = await client.post(url + "/generate", content=body, headers=plain)
+        assert reply.status_code == 415 and "application/json" in reply.text
+        page = {**JSON_TYPE, "origin": "https://evil.example"}
+        reply = await client.post(url + "/generate", content=body, headers=page)
+        assert reply.status_code == 403 and "evil.example" in reply.text
+        assert (await client.get(url + "/get_server_info", headers=page)).status_code == 403
+        ok = await client.post(url + "/generate", content=body, headers=JSON_TYPE)
+        assert ok.status_code == 200  # no Origin, JSON: every non-browser client
+        assert (await client.post(url + "/flush_cache")).status_code == 200  # posted empty
+    async with (
+        served(backend, allowed_origins=["http://localhost:8888"]) as url2,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        mine = {"origin": "http://localhost:8888"}
+        pre = await client.options(url2 + "/generate", headers=mine)
+        assert pre.status_code == 204
+        assert pre.headers["access-control-allow-origin"] == "http://localhost:8888"
+        reply = await client.post(url2 + "/generate", content=body, headers={**JSON_TYPE, **mine})
+        assert reply.status_code == 200
+        assert reply.headers["access-control-allow-origin"] == "http://localhost:8888"
+    for bad in ("*", "localhost:8888", "http://h/path"):
+        with pytest.raises(ConfigError, match="allowed_origins"):
+            create_server_app(backend, allowed_origins=[bad])
 
 
 async def test_a_client_that_leaves_mid_generate_is_logged_once_at_info(
