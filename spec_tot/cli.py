@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import importlib
 import os
@@ -32,6 +33,7 @@ from spec_tot._cli_checks import (
     parse_serve_limits,
     plan_runs,
 )
+from spec_tot._cli_interrupt import RunInterrupted, StopSignal, partial_batch
 from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
 from spec_tot.backends import BackendRegistry
@@ -79,7 +81,9 @@ def _start_backend(
         ) from exc
 
 
-async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOutcome:
+async def _one_run(
+    plan: Plan, config: ExecutorConfig, show_tree: bool, stop: StopSignal
+) -> RunOutcome:
     options = {**plan.program.backend_options(plan.backend), **plan.backend_options}
     backend = _start_backend(
         plan.backend, options, plan.options_text(), tuple(plan.backend_options), plan.registry
@@ -91,21 +95,10 @@ async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOu
         inputs = copy.deepcopy(plan.inputs)  # each run starts from fresh input states
         if show_tree:
             batch = await _run_with_tree(tot, inputs)
-        elif not console.is_terminal:  # a progress bar in a log is only noise
-            batch = await tot.arun_batch(inputs)
         else:
-            with Progress(
-                "[progress.description]{task.description}",
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-                transient=True,
-            ) as progress:
-                task = progress.add_task(
-                    f"{config.mode} x{config.max_concurrency}", total=len(inputs)
-                )
-                batch = await tot.arun_batch(inputs, on_result=lambda _r: progress.advance(task))
+            batch = await _run_stoppable(
+                tot, inputs, f"{config.mode} x{config.max_concurrency}", stop
+            )
     finally:
         await backend.aclose()
     first_error = next(
@@ -125,7 +118,48 @@ async def _one_run(plan: Plan, config: ExecutorConfig, show_tree: bool) -> RunOu
         "seed": config.seed,
         "metrics": batch.metrics.with_backend_stats(backend.stats()).to_dict(),
     }
+    if stop.signum is not None:
+        row["partial"] = True  # cut short by a signal: the queries that had finished
     return RunOutcome(row, first_error)
+
+
+async def _run_stoppable(tot: Any, inputs: list[Any], label: str, stop: StopSignal) -> Any:
+    """The batch, with a progress bar on a terminal; a SIGINT or SIGTERM cuts it short and
+    the queries that had finished make the result (``_cli_interrupt.py``)."""
+    finished: list[Any] = []
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with contextlib.ExitStack() as stack:
+        advance = None
+        if console.is_terminal:  # a progress bar in a log is only noise
+            progress = stack.enter_context(
+                Progress(
+                    "[progress.description]{task.description}",
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=console,
+                    transient=True,
+                )
+            )
+            bar = progress.add_task(label, total=len(inputs))
+            advance = lambda: progress.advance(bar)  # noqa: E731
+
+        def on_result(result: Any) -> None:
+            finished.append(result)
+            if advance is not None:
+                advance()
+
+        work = asyncio.ensure_future(tot.arun_batch(inputs, on_result=on_result))
+        remove = stop.watch(work)
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if stop.signum is None:
+                raise
+            return partial_batch(finished, loop.time() - started)
+        finally:
+            remove()
 
 
 async def _run_with_tree(tot: Any, inputs: list[Any]) -> Any:
@@ -152,11 +186,19 @@ async def _run_with_tree(tot: Any, inputs: list[Any]) -> Any:
 
 
 def _execute(plan: Plan, show_tree: bool = False) -> list[RunOutcome]:
+    """Every run of ``plan``; a signal ends them with ``RunInterrupted`` (holding the runs
+    so far, the one it cut short included)."""
     # The simulator's costs are virtual seconds: run it on its virtual-time loop.
     runner: Any = asyncio.run
     if plan.backend == "sim":
         runner = importlib.import_module("spec_tot.adapters.sim").run_virtual
-    return [runner(_one_run(plan, config, show_tree)) for config in plan.configs]
+    stop = StopSignal()
+    outcomes = []
+    for config in plan.configs:
+        outcomes.append(runner(_one_run(plan, config, show_tree, stop)))
+        if stop.signum is not None:
+            raise RunInterrupted(stop.signum, outcomes)
+    return outcomes
 
 
 def _bench(*, show_tree: bool = False, **selection: Any) -> list[dict[str, Any]]:
@@ -191,9 +233,15 @@ def _plan_and_report(
         backend_options=parse_pairs(backend_opt, "--backend-opt"),
         **selection,
     )
-    report(
-        _execute(plan, show_tree), json_path, out=out, err=console, options_text=plan.options_text()
-    )
+    try:
+        outcomes = _execute(plan, show_tree)
+    except RunInterrupted as stopped:
+        finished = [o for o in stopped.outcomes if o.row["metrics"]["queries"]]
+        if finished:  # what finished is printed and written, never lost
+            with contextlib.suppress(ExecutionError):
+                report(finished, json_path, out=out, err=console, options_text=plan.options_text())
+        raise
+    report(outcomes, json_path, out=out, err=console, options_text=plan.options_text())
 
 
 @app.command()
@@ -430,6 +478,9 @@ def run_cli(argv: Sequence[str] | None = None, *, registry: BackendRegistry | No
         hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
         _say(f"error: {' '.join(str(err.format_message()).split())}{hint}")
         return int(getattr(err, "exit_code", 2))
+    except RunInterrupted as stopped:
+        _say(f"aborted ({stopped}): the queries that had finished are reported, marked partial")
+        return stopped.exit_code
     except (typer.Abort, KeyboardInterrupt):
         _say("aborted")
         return 130

@@ -436,3 +436,26 @@ def test_the_entry_point_prints_no_traceback(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2 and proc.stdout == ""
     assert one_line(proc.stderr).startswith("error: Invalid value for '--queries'")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("sig", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_keeps_the_queries_that_finished(sig: str, code: int, tmp_path: Path) -> None:
+    """On 2f33153 SIGINT or SIGTERM 20 s into a run left no JSON and printed nothing."""
+    import signal
+    import time
+
+    out = tmp_path / "part.json"
+    command = [
+        sys.executable, "-m", "spec_tot", "run", "--backend", "scripted", "--program", "toy",
+        "--queries", "100", "--concurrency", "2", "--backend-opt", "token_latency_s=0.01",
+        "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # start-up, then a few queries finish (about 3 a second)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == code, (stdout, stderr)
+    assert f"aborted ({sig})" in stderr and "summary: full@2" in stdout
+    (row,) = json.loads(out.read_text())
+    assert row["partial"] is True and 0 < row["metrics"]["queries"] < 100
