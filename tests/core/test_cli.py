@@ -63,6 +63,8 @@ USAGE_ERRORS = [
     (["serve", "--backend-opt", "num_kv_blocks=abc"], "--backend-opt num_kv_blocks"),
     (["serve", "--api-key", " "], "--api-key: must not be empty"),
     (["serve", "--allow-origin", "*"], "--allow-origin: '*' is not an origin"),
+    (["serve", "--limit", "header_timeout_s=100000"], "is over the bound of 3600"),
+    (["serve", "--limit", "max_header_count=1000000000"], "is over the bound of 1048576"),
     (["serve", "--program", "nope"], "--program: unknown program 'nope'"),
     (["run", "--queries", "101"], "--queries: the test range holds 100 puzzles"),
     (["run", "--queries", "0"], "'--queries'"),

@@ -19,6 +19,7 @@ a few special tokens, and counting costs no tokenising on the event loop).
 
 from __future__ import annotations
 
+import os
 import resource
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -53,7 +54,9 @@ class ServeLimits:
     ``body_timeout_s``: a body not received by then is a 408. Streams: a client that leaves more
     than ``stream_buffer_bytes`` unread pauses its stream (updates coalesce: each event carries
     the sample so far); one paused for ``stream_stall_s`` is aborted, its engine work freed and
-    its connection closed."""
+    its connection closed. Every limit has an upper bound (an hour for times, half the
+    machine's RAM for byte limits, 2**20 for counts, 2**24 in-flight samples, 2**40 tokens),
+    checked at start-up."""
 
     max_samples_per_request: int = 4096
     max_inflight_samples: int = 16384
@@ -82,6 +85,9 @@ class ServeLimits:
                     raise ConfigError(f.name, f"must be a finite number of seconds > 0: {value}")
             elif not isinstance(value, int) or value < 1:
                 raise ConfigError(f.name, f"must be an integer >= 1, got {value!r}")
+            high = _upper_bound(f.name)
+            if value > high:
+                raise ConfigError(f.name, f"{value} is over the bound of {high}")
         if 2 * self.max_samples_per_request > self.max_inflight_samples:
             raise ConfigError(
                 "max_samples_per_request",
@@ -120,6 +126,28 @@ class ServeLimits:
                 f"accepting and {FD_OTHER} for the rest); raise ulimit -n or lower the limit",
             )
         return self.max_connections, backlog
+
+
+# Upper bounds of the limits: an hour for any time, a million of any count, and for the byte
+# limits that buffer bodies the machine's RAM (a body is held whole while it is read).
+_MAX_SECONDS = 3600.0
+_MAX_COUNT = 1 << 20
+_COUNT_BOUNDS = {"max_inflight_samples": 1 << 24, "max_inflight_tokens": 1 << 40}
+
+
+def _ram_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: a documented stand-in
+        return 64 << 30
+
+
+def _upper_bound(name: str) -> float:
+    if name.endswith("_s"):
+        return _MAX_SECONDS
+    if name.endswith("_bytes"):
+        return _ram_bytes() // 2
+    return _COUNT_BOUNDS.get(name, _MAX_COUNT)
 
 
 class ServerBusy(Exception):
