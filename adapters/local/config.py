@@ -48,7 +48,7 @@ SIZE_BOUNDS: dict[str, int] = {
 MAX_START_TIMEOUT_S = 24 * 3600.0
 
 
-def check_bound(name: str, value: int, high: int, shown: str | None = None) -> None:
+def check_bound(name: str, value: float, high: float, shown: str | None = None) -> None:
     if value > high:
         raise ConfigError(shown or name, f"{value} is over the bound of {high}")
 
@@ -329,9 +329,6 @@ class CoreOptions:
         timeout = self.start_timeout_s
         if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
             raise ConfigError("start_timeout_s", f"must be > 0, got {timeout!r}")
-        if timeout > MAX_START_TIMEOUT_S:
-            raise ConfigError(
-                "start_timeout_s", f"{timeout} is over the bound of {MAX_START_TIMEOUT_S}"
-            )
+        check_bound("start_timeout_s", timeout, MAX_START_TIMEOUT_S)
         if self.hook is not None and (not isinstance(self.hook, str) or ":" not in self.hook):
             raise ConfigError("core_hook", f"must be 'module:function', got {self.hook!r}")

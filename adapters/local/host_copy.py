@@ -23,6 +23,8 @@ def to_device(
 ) -> torch.Tensor:
     """``data`` as a ``dtype`` tensor on ``device`` (on CUDA: a non-blocking copy)."""
     host = torch.tensor(data, dtype=dtype)
-    if torch.device(device).type == "cuda":
+    # (a string or a torch.device; no torch.device built per call: this is on every step)
+    kind = device if isinstance(device, str) else device.type
+    if kind.startswith("cuda"):
         return host.pin_memory().to(device, non_blocking=True)
     return host
