@@ -132,21 +132,24 @@ class Game24Drafter(Drafter):
         self._ids = {t: i for i, t in enumerate(self._text) if len(t) == 1}
         self._eq = self._ids.get("=")
         self._newline = self._ids.get("\n")
-        self._numbers: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        # keyed by the prompt's hash, not its tokens (hundreds each): a collision costs one
+        # wrong draft, which verification rejects
+        self._numbers: OrderedDict[int, Any] = OrderedDict()
         self._drafts: OrderedDict[tuple[Any, tuple[int, ...]], list[int]] = OrderedDict()
 
     def _numbers_before(self, prompt: tuple[int, ...]) -> Any:
         """Numbers left after the prompt's puzzle line and steps (None: not a Game-of-24
         prompt, or an illegal step in it); cached per prompt."""
-        if prompt in self._numbers:
-            self._numbers.move_to_end(prompt)
-            return self._numbers[prompt]
+        key = hash(prompt)
+        if key in self._numbers:
+            self._numbers.move_to_end(key)
+            return self._numbers[key]
         lines = "".join(self._text[t] for t in prompt).strip("\n").split("\n")
         try:
             numbers = task.remaining_numbers(lines[0], lines[1:])
         except ConfigError:
             numbers = None
-        self._numbers[prompt] = numbers
+        self._numbers[key] = numbers
         if len(self._numbers) > 4096:
             self._numbers.popitem(last=False)
         return numbers

@@ -29,6 +29,7 @@ from spec_tot.errors import BackendError, ConfigError
 from spec_tot.plugins import load_target
 
 from .calibrate import CalibrationCache, calibrate_engine, calibrate_prm
+from .heap import HeapTrimmer
 from .messages import (
     PROTOCOL,
     Abort,
@@ -66,9 +67,10 @@ class Inbox(ABC):
     """Where a core's commands come from."""
 
     @abstractmethod
-    def take(self, block: bool) -> list[Any] | None:
-        """The commands waiting (``block``: wait for at least one); None once the other
-        side is gone."""
+    def take(self, timeout: float | None) -> list[Any] | None:
+        """The commands waiting, after waiting up to ``timeout`` seconds for one (``None``:
+        as long as it takes; 0: not at all); ``[]`` if none came; None once the other side
+        is gone."""
 
 
 class EngineCore:
@@ -109,6 +111,7 @@ class EngineCore:
         # score's wait for the PRM thread and its reply (that thread's own clock)
         self.clock = StageClock("commands", "emit")
         self._prm_clock = StageClock("queue", "reply")
+        self.heap = HeapTrimmer()
         if start.hook:
             load_target(start.hook)(self)
 
@@ -145,7 +148,10 @@ class EngineCore:
         request still in flight fails with "backend closed"."""
         running = True
         while running:
-            commands = inbox.take(block=not self.has_work())
+            idle = not self.has_work()
+            self.heap.maybe_trim(idle=idle)
+            # idle: wake for a trim still due (the last work before a long wait is given back)
+            commands = inbox.take(self.heap.due_in() if idle else 0.0)
             if commands is None:
                 break
             self.clock.start()
@@ -154,6 +160,7 @@ class EngineCore:
             self.clock.lap("commands")
             if running and self.has_work():
                 self.step()
+                self.heap.worked()
         self.close(BackendError("local", "backend closed"))
 
     def has_work(self) -> bool:
@@ -264,6 +271,7 @@ class EngineCore:
             return prm.classify(command.texts)
 
         future = self._prm_pool.submit(call)
+        self.heap.worked()
         future.add_done_callback(lambda f: self._scored(command, f))
 
     def _scored(self, command: Score | Classify, future: Future[Any]) -> None:

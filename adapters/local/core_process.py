@@ -56,11 +56,11 @@ class _ConnInbox:
         self.conn = conn
         self.codec = CommandCodec()
 
-    def take(self, block: bool) -> list[Any] | None:
+    def take(self, timeout: float | None) -> list[Any] | None:
         out: list[Any] = []
         try:
-            if block:
-                self.conn.poll(None)
+            if timeout != 0:
+                self.conn.poll(timeout)
             while self.conn.poll(0):
                 out.extend(self.codec.decode(self.conn.recv_bytes()))
         except (EOFError, OSError):
@@ -102,7 +102,7 @@ def serve_core(conn: Connection) -> None:
             pass
 
     inbox = _ConnInbox(conn)
-    first = inbox.take(block=True)
+    first = inbox.take(None)
     if not first or not isinstance(first[0], Start):
         return
     try:

@@ -99,21 +99,30 @@ class NgramDrafter(Drafter):
         *,
         max_trees: int = 256,
         max_entries: int = 1 << 16,
+        max_total_entries: int = 1 << 18,
     ) -> None:
         if not 1 <= min_n <= max_n:
             raise ConfigError("ngram", f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.max_n, self.min_n = max_n, min_n
         self.max_trees, self.max_entries = max_trees, max_entries
+        # All trees together: a tree holds its finished sequences' token lists alive, so
+        # the least recently drafted trees (finished queries, mostly) go first; the live
+        # ones are drafted every step and stay at the young end.
+        self.max_total_entries = max_total_entries
         self._trees: OrderedDict[str, _TreeIndex] = OrderedDict()
+        self._total = 0  # entries over all trees
 
     def _tree(self, request_id: str) -> _TreeIndex:
         key = tree_of(request_id)
         index = self._trees.get(key)
         if index is None or len(index.entries) > self.max_entries or len(index.done) > 4096:
+            self._total -= len(index.entries) if index is not None else 0
             index = self._trees[key] = _TreeIndex()
         self._trees.move_to_end(key)
-        while len(self._trees) > self.max_trees:
-            self._trees.popitem(last=False)
+        while len(self._trees) > 1 and (
+            len(self._trees) > self.max_trees or self._total > self.max_total_entries
+        ):
+            self._total -= len(self._trees.popitem(last=False)[1].entries)
         return index
 
     def _index(self, tree: _TreeIndex, tokens: Sequence[int], num_prompt: int) -> None:
@@ -127,9 +136,11 @@ class NgramDrafter(Drafter):
             tree.prompts.add(prompt_key)
         end = len(tokens) - 1  # the last position has no continuation yet
         entries, lo, hi = tree.entries, self.min_n, self.max_n
+        before = len(entries)
         for e in range(max(start, lo), end + 1):
             for n in range(lo, min(hi, e) + 1):
                 entries[tuple(tokens[e - n : e])] = (tokens, e)
+        self._total += len(entries) - before
         tree.done[id(tokens)] = (tokens, max(start, end + 1))
 
     def propose(self, context: DraftContext) -> Sequence[int]:

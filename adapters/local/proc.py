@@ -131,10 +131,10 @@ class _QueueInbox:
     def __init__(self, commands: queue.SimpleQueue[Any]) -> None:
         self.commands = commands
 
-    def take(self, block: bool) -> list[Any] | None:
+    def take(self, timeout: float | None) -> list[Any] | None:
         out = []
         try:
-            out.append(self.commands.get(block=block))
+            out.append(self.commands.get(block=timeout != 0, timeout=timeout or None))
             while True:
                 out.append(self.commands.get_nowait())
         except queue.Empty:
