@@ -3,9 +3,9 @@
 Each build is installed into a folder of its own (``pip install --no-deps --target DIR
 <tree>``); every run is ``python -m spec_tot run`` in a fresh interpreter with that folder
 first on ``PYTHONPATH`` (the CLI's main job unless ``--args`` says otherwise), from a
-neutral working directory. Rounds are interleaved (order shuffled per round, seeded), round
-0 is a warm-up and dropped; per round the ratio new/old of queries/s; the median ratio with
-a bootstrap 90% interval, and whether the answers match.
+neutral working directory. Rounds come from ``spec_tot.rounds`` (one dropped warm-up run,
+then both builds per round in a seeded shuffled order); per round the ratio new/old of
+queries/s; the median ratio with a bootstrap 90% interval, and whether the answers match.
 
     python benchmarks/versus.py --old /tmp/v_old --new /tmp/v_new --rounds 5 --json out.json
 """
@@ -15,16 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from engine_process import bootstrap
+from spec_tot.rounds import Run, schedule_rounds, summarize_rounds
 
 __all__ = ["main"]
 
@@ -50,37 +48,28 @@ def main() -> None:
     args = ap.parse_args()
     extra = shlex.split(args.args)
     builds = {"old": args.old, "new": args.new}
-    runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
-    rng = random.Random(args.seed)
+    runs: list[Run] = []
     with tempfile.TemporaryDirectory() as workdir:
-        for rnd in range(args.rounds + 1):
-            order = list(builds)
-            rng.shuffle(order)
-            for name in order:
-                row = run_once(builds[name], extra, workdir)
-                print(f"round {rnd} {name}: {row['queries_per_s']:.2f} q/s "
-                      f"{row['solved']} solved", flush=True)  # fmt: skip
-                if rnd:
-                    runs[name].append(row)
-    ratios = [
-        n["queries_per_s"] / o["queries_per_s"]
-        for n, o in zip(runs["new"], runs["old"], strict=True)
-    ]
-    lo, hi = bootstrap(ratios, level=0.9)
+        for rnd, name in schedule_rounds(list(builds), args.rounds, args.seed):
+            row = run_once(builds[name], extra, workdir)
+            print(f"round {rnd} {name}: {row['queries_per_s']:.2f} q/s "
+                  f"{row['solved']} solved", flush=True)  # fmt: skip
+            runs.append(Run(rnd, name, row))
+    cells = summarize_rounds(runs, lambda cell: "old" if cell == "new" else None)
+    new = cells["new"]
+    assert new.ratio is not None and new.interval is not None  # internal: every round ran
+    lo, hi = new.interval
     result = {
-        "runs": runs,
-        "ratios": ratios,
-        "median": statistics.median(ratios),
+        "runs": [{"round": r.round, "build": r.cell, **r.figures} for r in runs],
+        "ratios": list(new.ratios),
+        "median": new.ratio,
         "ci90": [lo, hi],
-        "same_solved": [
-            n["solved"] == o["solved"] for n, o in zip(runs["new"], runs["old"], strict=True)
-        ],
+        "same_solved": len(set(cells["old"].solved) | set(new.solved)) == 1,
         "args": extra,
     }
     result["summary"] = (
-        f"new/old queries/s {result['median']:.3f}x [{lo:.3f}, {hi:.3f}] over {len(ratios)} "
-        f"rounds; old {statistics.median(r['queries_per_s'] for r in runs['old']):.2f}, new "
-        f"{statistics.median(r['queries_per_s'] for r in runs['new']):.2f} q/s"
+        f"new/old queries/s {new.ratio:.3f}x [{lo:.3f}, {hi:.3f}] over {len(new.ratios)} "
+        f"rounds; old {cells['old'].median:.2f}, new {new.median:.2f} q/s"
     )
     print(result["summary"])
     if args.json:

@@ -34,6 +34,7 @@ from spec_tot.policies import create_policy
 from spec_tot.programs import Program, load_program
 
 __all__ = [
+    "MAX_ROUNDS",
     "Plan",
     "as_option",
     "backend_error",
@@ -41,6 +42,7 @@ __all__ = [
     "backend_schema",
     "check_bind",
     "check_json_path",
+    "check_rounds",
     "int_list",
     "is_loopback",
     "mode_list",
@@ -50,6 +52,8 @@ __all__ = [
     "plan_runs",
     "program_for",
 ]
+
+MAX_ROUNDS = 1000  # a bench of more rounds is a typo, not a measurement
 
 # Set by the factory itself from its own arguments, never by a user's option.
 _NOT_OPTIONS = frozenset({"model", "http"})
@@ -379,6 +383,23 @@ def check_json_path(path: Path | None, option: str = "--json") -> None:
             raise ConfigError(option, f"{shown!r} is not writable")
     elif not os.access(path.parent, os.W_OK | os.X_OK):
         raise ConfigError(option, f"folder {str(path.parent)!r} is not writable")
+
+
+def check_rounds(rounds: int, control: str | None, modes: Sequence[str]) -> str | None:
+    """The control mode of a rounds bench (None for one round): ``control`` or the first
+    mode; it must be one of ``modes``, and is only meaningful with ``rounds`` > 1."""
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise ConfigError("--rounds", f"must be in 1..{MAX_ROUNDS}, got {rounds}")
+    if rounds == 1:
+        if control is not None:
+            raise ConfigError("--control", "compares over rounds: give --rounds 2 or more")
+        return None
+    chosen = control if control is not None else modes[0]
+    if chosen not in modes:
+        raise ConfigError(
+            "--control", f"{chosen!r} is not among --modes ({', '.join(dict.fromkeys(modes))})"
+        )
+    return chosen
 
 
 def error_line(exc: BaseException) -> str:

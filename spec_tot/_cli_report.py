@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from spec_tot._cli_rounds import rounds_payload, rounds_table, summarize_rows
 from spec_tot.errors import ExecutionError
 
 __all__ = ["RunOutcome", "report"]
@@ -82,10 +83,10 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
     return "summary: " + "; ".join(parts)
 
 
-def _write_json(rows: Sequence[dict[str, Any]], path: Path) -> str | None:
+def _write_json(payload: Any, path: Path) -> str | None:
     """Write the runs; what went wrong, if anything (the run's results still print)."""
     try:
-        path.write_text(json.dumps(rows, indent=2))
+        path.write_text(json.dumps(payload, indent=2))
     except OSError as exc:
         return f"--json: could not write {str(path)!r}: {exc.strerror or exc}"
     return None
@@ -98,18 +99,28 @@ def report(
     out: Console,
     err: Console,
     options_text: str,
+    control: str | None = None,
 ) -> None:
     """Print the table and summary (stdout), write the JSON, warn about failed queries
     (stderr); raise ``ExecutionError`` when every query of some run failed, or when the JSON
     could not be written (after the table: finished work is never lost to an output path).
     When every query of every run failed there is no table: its rates would measure
-    nothing."""
+    nothing. With ``control`` (``bench --rounds``; every row has a ``round``) the table is
+    per cell over the rounds, against the ``control`` mode, and the JSON an object."""
     rows = [r.row for r in runs]
     dead = [r for r in runs if r.all_failed]
-    if len(dead) < len(runs):
+    payload: Any = rows
+    if len(dead) == len(runs):
+        pass
+    elif control is None:
         out.print(_table(rows))
         out.print(_summary(rows), soft_wrap=True)
-    json_error = _write_json(rows, json_path) if json_path is not None else None
+    else:
+        cells = summarize_rows(rows, control)
+        payload = rounds_payload(rows, cells, control)
+        out.print(rounds_table(cells))
+        out.print(f"summary: {payload['summary']}", soft_wrap=True)
+    json_error = _write_json(payload, json_path) if json_path is not None else None
     if json_path is not None and json_error is None and len(dead) < len(runs):
         err.print(f"wrote {json_path}", soft_wrap=True, markup=False, highlight=False)
     for run in runs:

@@ -18,12 +18,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from spec_tot._cli_checks import (
+    MAX_ROUNDS,
     Plan,
     as_option,
     backend_error,
     backend_registry,
     check_bind,
     check_json_path,
+    check_rounds,
     error_line,
     int_list,
     is_loopback,
@@ -40,6 +42,7 @@ from spec_tot.backends import BackendRegistry
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.programs import load_program
+from spec_tot.rounds import schedule_rounds
 
 __all__ = ["API_KEY_ENV", "app", "main", "run_cli"]
 
@@ -185,8 +188,19 @@ async def _run_with_tree(tot: Any, inputs: list[Any]) -> Any:
     return batch
 
 
-def _execute(plan: Plan, show_tree: bool = False) -> list[RunOutcome]:
-    """Every run of ``plan``; a signal ends them with ``RunInterrupted`` (holding the runs
+def _schedule(plan: Plan, rounds: int) -> list[tuple[int | None, ExecutorConfig]]:
+    """The runs in order: each config once; with ``rounds`` > 1, a warm-up run (round 0)
+    then every config once per round, shuffled per round by the plan's seed."""
+    if rounds == 1:
+        return [(None, config) for config in plan.configs]
+    cells = {f"{c.mode}@{c.max_concurrency}": c for c in plan.configs}
+    order = schedule_rounds(list(cells), rounds, plan.configs[0].seed)
+    return [(rnd, cells[cell]) for rnd, cell in order]
+
+
+def _execute(plan: Plan, show_tree: bool = False, rounds: int = 1) -> list[RunOutcome]:
+    """Every run of ``plan`` (``_schedule``); each starts a fresh backend, so no run finds
+    another's prefix cache. A signal ends them with ``RunInterrupted`` (holding the runs
     so far, the one it cut short included)."""
     # The simulator's costs are virtual seconds: run it on its virtual-time loop.
     runner: Any = asyncio.run
@@ -194,8 +208,11 @@ def _execute(plan: Plan, show_tree: bool = False) -> list[RunOutcome]:
         runner = importlib.import_module("spec_tot.adapters.sim").run_virtual
     stop = StopSignal()
     outcomes = []
-    for config in plan.configs:
-        outcomes.append(runner(_one_run(plan, config, show_tree, stop)))
+    for rnd, config in _schedule(plan, rounds):
+        outcome = runner(_one_run(plan, config, show_tree, stop))
+        if rnd is not None:
+            outcome.row["round"] = rnd
+        outcomes.append(outcome)
         if stop.signum is not None:
             raise RunInterrupted(stop.signum, outcomes)
     return outcomes
@@ -225,6 +242,8 @@ def _plan_and_report(
     backend_opt: list[str] | None,
     json_path: Path | None,
     show_tree: bool = False,
+    rounds: int = 1,
+    control: str | None = None,
     **selection: Any,
 ) -> None:
     check_json_path(json_path)  # before the run: its results must have somewhere to go
@@ -233,15 +252,18 @@ def _plan_and_report(
         backend_options=parse_pairs(backend_opt, "--backend-opt"),
         **selection,
     )
+    control = check_rounds(rounds, control, [c.mode for c in plan.configs])
+    text = plan.options_text()
     try:
-        outcomes = _execute(plan, show_tree)
+        outcomes = _execute(plan, show_tree, rounds)
     except RunInterrupted as stopped:
         finished = [o for o in stopped.outcomes if o.row["metrics"]["queries"]]
         if finished:  # what finished is printed and written, never lost
             with contextlib.suppress(ExecutionError):
-                report(finished, json_path, out=out, err=console, options_text=plan.options_text())
+                report(finished, json_path, out=out, err=console, options_text=text,
+                       control=control)  # fmt: skip
         raise
-    report(outcomes, json_path, out=out, err=console, options_text=plan.options_text())
+    report(outcomes, json_path, out=out, err=console, options_text=text, control=control)
 
 
 @app.command()
@@ -297,9 +319,28 @@ def bench(
     param: ParamOpt = None,
     backend_opt: BackendParamOpt = None,
     json_path: JsonOpt = None,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=MAX_ROUNDS,
+            help="Rounds: above 1, a dropped warm-up run, then every cell once per round in "
+            "a seeded shuffled order; the table gives each cell's median and its ratio to "
+            "--control with a bootstrap 90% interval.",
+        ),
+    ] = 1,
+    control: Annotated[
+        str | None,
+        typer.Option(
+            help="The mode every other is compared with (default: the first of "
+            "--modes); only with --rounds above 1."
+        ),
+    ] = None,
 ) -> None:
     """Run every mode x concurrency in one process (same seeds, same backend kind)."""
     _plan_and_report(
+        rounds=rounds,
+        control=control,
         program=program,
         backend=backend,
         search=search,

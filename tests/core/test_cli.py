@@ -73,6 +73,10 @@ USAGE_ERRORS = [
     (["run", "--mode", "bogus"], "--mode: unknown executor mode 'bogus'"),
     (["run", "--compare", "--mode", "baseline"], "--compare:"),
     (["run", "--program", "nope"], "--program: unknown program 'nope'"),
+    (["bench", "--rounds", "3", "--control", "dedup"], "--control: 'dedup' is not among --modes"),
+    (["bench", "--control", "baseline"], "--control: compares over rounds: give --rounds 2"),
+    (["bench", "--rounds", "0"], "'--rounds'"),
+    (["bench", "--rounds", "100000"], "'--rounds'"),
     (["run", "--backend", "nope"], "--backend: unknown backend 'nope'"),
     (["run", "--json", "/nonexistent-dir/x.json"], "--json: folder '/nonexistent-dir'"),
     (["bench", "--modes", ","], "--modes: expected executor modes"),
@@ -461,3 +465,38 @@ def test_a_signal_keeps_the_queries_that_finished(sig: str, code: int, tmp_path:
     assert f"aborted ({sig})" in stderr and "summary: full@2" in stdout
     (row,) = json.loads(out.read_text())
     assert row["partial"] is True and 0 < row["metrics"]["queries"] < 100
+
+
+def test_bench_rounds_reports_each_cell_against_the_control_with_an_interval(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out_json = tmp_path / "rounds.json"
+    code, out, err = invoke(
+        capsys, "bench", "--backend", "scripted", "--modes", "baseline,full", "--concurrency",
+        "1,2", "--queries", "2", "--rounds", "3", "--control", "baseline", "--seed", "4",
+        "--json", str(out_json),
+    )  # fmt: skip
+    assert code == 0, err
+    assert "spec-tot bench (rounds)" in out and "summary: baseline@1 " in out
+    assert "full@1" in out and "x baseline@1 [" in out.split("summary:")[1]
+    payload = json.loads(out_json.read_text())
+    runs = payload["runs"]
+    assert [r["round"] for r in runs[:1]] == [0] and len(runs) == 1 + 3 * 4  # warm-up + 3x4
+    for rnd in (1, 2, 3):  # every cell once per round
+        cells = sorted((r["mode"], r["concurrency"]) for r in runs if r["round"] == rnd)
+        assert cells == [("baseline", 1), ("baseline", 2), ("full", 1), ("full", 2)]
+    orders = [[(r["mode"], r["concurrency"]) for r in runs if r["round"] == k] for k in (1, 2, 3)]
+    full = payload["cells"]["full@2"]
+    assert full["control"] == "baseline@2" and len(full["ratios"]) == 3
+    lo, hi = full["interval"]
+    assert lo <= full["ratio"] <= hi
+    assert payload["cells"]["baseline@1"]["ratio"] is None  # the control itself
+    assert payload["control"] == "baseline" and payload["summary"].startswith("baseline@1")
+    # the same seed gives the same order; the order is shuffled, not fixed
+    code, _, _ = invoke(
+        capsys, "bench", "--backend", "scripted", "--modes", "baseline,full", "--concurrency",
+        "1,2", "--queries", "2", "--rounds", "3", "--seed", "4", "--json", str(out_json),
+    )  # fmt: skip
+    again = json.loads(out_json.read_text())["runs"]
+    assert [[(r["mode"], r["concurrency"]) for r in again if r["round"] == k]
+            for k in (1, 2, 3)] == orders  # fmt: skip
