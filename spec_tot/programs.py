@@ -47,6 +47,7 @@ PROGRAM_ENTRY_POINTS = "spec_tot.programs"
 _BUILT_IN: dict[str, str] = {
     "toy": "spec_tot.graphs.toy:PROGRAM",
     "game24": "spec_tot.graphs.game24:PROGRAM",
+    "math": "spec_tot.graphs.math:PROGRAM",
 }
 
 

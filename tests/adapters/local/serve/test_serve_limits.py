@@ -101,7 +101,9 @@ async def test_samples_over_the_cap_are_a_fast_400_naming_the_limit(
     clean: tuple[LocalBackend, str, Any],
 ) -> None:
     """The issue's body: 20,000 prompts x n=128 on /v1/completions (once 10 GB of RSS)."""
-    _, url, _ = clean
+    backend, url, _ = clean
+    await settle(backend)
+    before = backend.stats()
     cases = [
         ("/v1/completions", {"model": "tiny", "prompt": ["1 2"] * 20_000, "n": 128}, "prompt"),
         ("/v1/completions", {"model": "tiny", "prompt": [[5, 6]] * 65}, "prompt"),
@@ -121,7 +123,14 @@ async def test_samples_over_the_cap_are_a_fast_400_naming_the_limit(
             assert reply.status_code == 400, (path, reply.text)
             error = reply.json()["error"]
             assert error["param"] == field and "max_samples_per_request is 64" in error["message"]
-            assert elapsed < 2.0, (path, elapsed)  # the script measures the 100 ms target
+            # refused before any work: behaviour here, speed in benchmarks/serve_limits.py
+            # (100 ms target); the bound only catches the old minutes-long, 10 GB case and
+            # holds at load average 10 on 2 cores
+            assert elapsed < 20.0, (path, elapsed)
+        await settle(backend)
+        after = backend.stats()
+        for key in ("num_requests", "num_prompt_tokens", "prm_calls"):  # nothing reached a model
+            assert after.get(key, 0.0) == before.get(key, 0.0), key
         # at the cap it runs
         ok = await client.post(url + "/generate", json={
             "text": ["1 2"] * 8, "sampling_params": {"n": 8, "max_new_tokens": 2}})  # fmt: skip
