@@ -172,7 +172,7 @@ class Game24Drafter(Drafter):
             ids = self._drafts[key] = [i for i in chars if i is not None]
             if len(ids) < len(chars):
                 ids.clear()  # a character the tokenizer cannot write as one token
-            if len(self._drafts) > 1 << 14:
+            if len(self._drafts) > 1 << 12:
                 self._drafts.popitem(last=False)
         return ids[: context.limit]
 

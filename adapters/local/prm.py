@@ -45,7 +45,7 @@ _NO_SAMPLING = SamplingParams(temperature=0.0, max_tokens=0)
 # an item still to run: (its index, the ids to run, (tag index, tag position) of each
 # missing score, and its cache key)
 _Todo = tuple[int, list[int], list[tuple[int, int, bytes]]]
-_SCORE_CACHE = 1 << 15  # step scores remembered (LRU)
+_SCORE_CACHE = 1 << 13  # step scores remembered (LRU): the live queries' trees, ~1 MB
 _PROBE = RewardItem("probe", "1 2 3 4", ("1+2=3 (left: 3 3 4)", "3*3=9 (left: 4 9)"))
 
 
