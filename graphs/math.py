@@ -50,6 +50,7 @@ __all__ = [
     "compile_math",
     "math_inputs",
     "smollm2_folder",
+    "yes_no_ids",
 ]
 
 Chat = Callable[[Sequence[Mapping[str, str]]], str]
@@ -97,34 +98,67 @@ def _states_final(step: str) -> bool:
 
 
 class SelfJudge(RewardBackend):
-    """The policy judges its own steps: ``JUDGE_PROMPT`` in the chat template, one greedy
-    token, P(yes) from its logprob (an answer other than yes/no scores 0.5). Scores the
-    trace's last step and gives that score to every step (an outcome-style score per node,
-    which is what the tree searches compare)."""
+    """The policy judges its own steps: ``JUDGE_PROMPT`` in the chat template, scored
+    P(yes) for one token. With ``yes_no`` (the token ids of "Yes" and "No", which
+    ``yes_no_ids`` finds where the backend has a tokenizer) it reads both logprobs and
+    renormalises over the two, so mass on other tokens does not drag every score down;
+    without, it takes one greedy token and its logprob (another word scores 0.5). The score
+    of the trace's last step is given to every step (what the tree searches compare)."""
 
     score_range = (0.0, 1.0)
 
-    def __init__(self, backend: GenerationBackend, chat: Chat, prompt: str = JUDGE_PROMPT):
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        chat: Chat,
+        prompt: str = JUDGE_PROMPT,
+        yes_no: tuple[int, int] | None = None,
+    ) -> None:
         if "{question}" not in prompt or "{steps}" not in prompt:
             raise ConfigError("judge_prompt", "must contain {question} and {steps}")
-        self.backend, self.chat, self.prompt = backend, chat, prompt
+        self.backend, self.chat, self.prompt, self.yes_no = backend, chat, prompt, yes_no
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         return list(await asyncio.gather(*(self._one(item) for item in items)))
 
     async def _one(self, item: RewardItem) -> tuple[float, ...]:
         text = self.prompt.format(question=item.question, steps="\n".join(item.steps))
+        sampling = (
+            SamplingParams(temperature=1.0, max_tokens=1, seed=0, logprob_token_ids=self.yes_no)
+            if self.yes_no is not None
+            else SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)
+        )
         request = GenerateRequest(
             f"{item.request_id}/judge",
-            SamplingParams(temperature=0.0, max_tokens=1, logprobs=0),
+            sampling,
             prompt=self.chat([{"role": "user", "content": text}]),
         )
-        result = await self.backend.generate(request)
-        done = result.completions[0]
-        p = math.exp(done.logprobs[0].logprob) if done.logprobs else 1.0
-        word = done.text.strip().lower()
-        value = p if word.startswith("y") else 1.0 - p if word.startswith("n") else 0.5
+        done = (await self.backend.generate(request)).completions[0]
+        if self.yes_no is not None and done.logprobs and done.logprobs[0].given:
+            given = dict(done.logprobs[0].given)
+            p_yes, p_no = (math.exp(given.get(i, -math.inf)) for i in self.yes_no)
+            value = p_yes / (p_yes + p_no) if p_yes + p_no > 0 else 0.5
+        else:
+            p = math.exp(done.logprobs[0].logprob) if done.logprobs else 1.0
+            word = done.text.strip().lower()
+            value = p if word.startswith("y") else 1.0 - p if word.startswith("n") else 0.5
         return (min(1.0, max(0.0, value)),) * len(item.steps)
+
+
+def yes_no_ids(backend: Any) -> tuple[int, int] | None:
+    """The single-token ids of "Yes" and "No" in the backend's tokenizer, if it has one and
+    both are one token; else None (the judge then reads one greedy token)."""
+    tokenizer = getattr(backend, "tokenizer", None)
+    encode = getattr(tokenizer, "encode", None)
+    if not callable(encode):
+        return None
+    ids = []
+    for word in ("Yes", "No"):
+        got = encode(word, add_special_tokens=False)
+        if len(got) != 1:
+            return None
+        ids.append(int(got[0]))
+    return ids[0], ids[1]
 
 
 def build_math_graph(
@@ -209,7 +243,7 @@ def compile_math(
     if reward == "judge":
         if not isinstance(backend, GenerationBackend):
             raise ConfigError("reward", "'judge' needs a backend instance to judge with")
-        scorer: Any = SelfJudge(backend, render)
+        scorer: Any = SelfJudge(backend, render, yes_no=yes_no_ids(backend))
     elif reward == "prm":
         scorer = None  # the backend's own reward model
     elif isinstance(reward, str):

@@ -4,6 +4,7 @@ with each kind of reward: the self-judge, the backend's PRM, a verifier function
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from spec_tot.graphs.math import (
     compile_math,
     math_inputs,
     plain_chat,
+    yes_no_ids,
 )
 from spec_tot.requests import (
     Capabilities,
@@ -133,8 +135,13 @@ class ChatScript(GenerationBackend):
         prompt = request.prompt or ""
         if "Answer Yes or No" in prompt:
             good = "= 5" in prompt and "= 6" not in prompt
+            given = ()
+            if request.sampling.logprob_token_ids:  # (yes, no): 0.6 / 0.2, or the reverse
+                yes, no = request.sampling.logprob_token_ids
+                p_yes, p_no = (0.6, 0.2) if good else (0.2, 0.6)
+                given = ((yes, math.log(p_yes)), (no, math.log(p_no)))
             said = Completion("Yes" if good else "No", (1,), 1,
-                              logprobs=(TokenLogprob(1, math.log(0.9)),))  # fmt: skip
+                              logprobs=(TokenLogprob(1, math.log(0.9), given=given),))  # fmt: skip
             return GenerateResult(request.request_id, (said,))
         done = prompt.split("Assistant:")[-1].count("\n")
         lines = ["We add 2 and 3.", "2 + 3 = 6" if self.wrong else "2 + 3 = 5",
@@ -165,8 +172,6 @@ def test_the_self_judge_scores_p_yes_for_every_step() -> None:
     judge = SelfJudge(ChatScript(), plain_chat)
     good = RewardItem("q0/a", "What is 2 + 3?", ("We add 2 and 3.", "2 + 3 = 5"))
     bad = RewardItem("q0/b", "What is 2 + 3?", ("We add 2 and 3.", "2 + 3 = 6"))
-    import asyncio
-
     scores = asyncio.run(judge.score([good, bad]))
     assert scores[0] == pytest.approx((0.9, 0.9)) and scores[1] == pytest.approx((0.1, 0.1))
     with pytest.raises(ConfigError, match="judge_prompt"):
@@ -224,3 +229,21 @@ def test_steps_extend_the_assistant_reply_and_stop_per_line() -> None:
     assert node.sampling == SamplingParams(temperature=0.7, max_tokens=96, stop=("\n\n",))
     text = node.prompt({"question": "Q?", "steps": ["one", "two"]})
     assert text.endswith("Assistant:one\n\ntwo\n\n") and "Q?" in text
+
+
+def test_the_self_judge_reads_yes_and_no_where_the_tokenizer_has_them() -> None:
+    class Tokenizer:
+        def encode(self, word: str, add_special_tokens: bool = True) -> list[int]:
+            return {"Yes": [7], "No": [9]}.get(word, [1, 2])
+
+    class WithTokenizer(ChatScript):
+        tokenizer = Tokenizer()
+
+    backend = WithTokenizer()
+    assert yes_no_ids(backend) == (7, 9) and yes_no_ids(ChatScript()) is None
+    judge = SelfJudge(backend, plain_chat, yes_no=yes_no_ids(backend))
+    good = RewardItem("q0/a", "What is 2 + 3?", ("2 + 3 = 5",))
+    bad = RewardItem("q0/b", "What is 2 + 3?", ("2 + 3 = 6",))
+    scores = asyncio.run(judge.score([good, bad]))
+    assert scores == [pytest.approx((0.75,)), pytest.approx((0.25,))]  # renormalised
+    assert backend.requests[0].sampling.logprob_token_ids == (7, 9)
