@@ -270,9 +270,11 @@ def _bundled() -> Path:
 
 
 def math_inputs(n: int, dataset: str | Path | None = None) -> list[dict[str, Any]]:
-    """The first ``n`` problems of ``dataset`` (a GSM8K or MATH JSONL path; default: the
-    first 100 of GSM8K's test set, shipped under its MIT licence)."""
-    problems = task.load_problems(dataset or _bundled(), n)
+    """The first ``n`` problems of ``dataset``: a GSM8K or MATH JSONL path, or ``"gsm8k"`` /
+    None for the first 100 of GSM8K's test set (shipped under its MIT licence)."""
+    source = _bundled() if dataset in (None, "gsm8k") else dataset
+    assert source is not None  # internal: None maps to the bundled file
+    problems = task.load_problems(source, n)
     return [
         {"question": p.question, "steps": [], "reference": p.answer, "query_id": f"m{i}"}
         for i, p in enumerate(problems)
@@ -307,4 +309,5 @@ PROGRAM = Program(
     build=compile_math,
     inputs=math_inputs,
     backend_options=_backend_options,
+    dataset_inputs=lambda dataset, n: math_inputs(n, dataset),
 )

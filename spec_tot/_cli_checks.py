@@ -312,6 +312,7 @@ def plan_runs(
     backend_options: dict[str, Any],
     modes_option: str = "--modes",
     registry: BackendRegistry | None = None,
+    dataset: str | None = None,
 ) -> Plan:
     """Check every option without starting a backend: program, backend name and options,
     modes, concurrency, queries, search and its parameters (the graph is compiled against a
@@ -338,8 +339,14 @@ def plan_runs(
                 configs.append(ExecutorConfig(mode=mode, seed=seed, max_concurrency=conc))
     if queries < 1:
         raise ConfigError("--queries", f"must be >= 1, got {queries}")
-    with as_option("--queries"):
-        inputs = prog.inputs(queries)
+    if dataset is None:
+        with as_option("--queries"):
+            inputs = prog.inputs(queries)
+    elif prog.dataset_inputs is None:
+        raise ConfigError("--dataset", f"program {prog.name!r} reads no dataset")
+    else:
+        with as_option("--dataset"):
+            inputs = prog.dataset_inputs(dataset, queries)
     schema = backend_schema(backend_name, registry)
     options = typed_pairs(backend_options, schema, "--backend-opt")
     params = typed_pairs(search_params, policy_schema(search_name), "--param")

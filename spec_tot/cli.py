@@ -234,6 +234,13 @@ SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
 ParamOpt = Annotated[list[str] | None, typer.Option(help="Search parameter KEY=VALUE.")]
 BackendParamOpt = Annotated[list[str] | None, typer.Option(help="Backend option KEY=VALUE.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]
+DatasetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Inputs from a dataset: a name the program knows or a JSONL path "
+        "(math: gsm8k, or GSM8K / MATH JSONL)."
+    ),
+]
 
 
 def _plan_and_report(
@@ -273,6 +280,7 @@ def run(
     backend: BackendOpt = None,
     search: SearchOpt = None,
     queries: Annotated[int, typer.Option(min=1, help="Number of puzzles.")] = 100,
+    dataset: DatasetOpt = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Queries in flight at once.")] = 32,
     mode: Annotated[str, typer.Option(help=f"Executor mode: {', '.join(MODES)}.")] = "full",
     compare: Annotated[bool, typer.Option(help="Also run baseline mode beside it.")] = False,
@@ -296,6 +304,7 @@ def run(
         modes=["baseline", mode] if compare else [mode],
         concurrency=[concurrency],
         queries=queries,
+        dataset=dataset,
         seed=seed,
         param=param,
         backend_opt=backend_opt,
@@ -315,6 +324,7 @@ def bench(
     modes: Annotated[str, typer.Option(help="Comma-separated executor modes.")] = "baseline",
     concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,32",
     queries: Annotated[int, typer.Option(min=1, help="Queries per run.")] = 32,
+    dataset: DatasetOpt = None,
     seed: SeedOpt = 0,
     param: ParamOpt = None,
     backend_opt: BackendParamOpt = None,
@@ -347,6 +357,7 @@ def bench(
         modes=mode_list(modes, "--modes"),
         concurrency=int_list(concurrency, "--concurrency"),
         queries=queries,
+        dataset=dataset,
         seed=seed,
         param=param,
         backend_opt=backend_opt,

@@ -32,6 +32,8 @@ class Program:
     - ``backend_options(backend)`` returns what the program's default models need on that
       backend (model folders, a drafter, ...) as factory options; ``{}`` when none.
     - ``default_backend`` and ``default_search`` are used when the user names neither.
+    - ``dataset_inputs(dataset, n)``, if the program has it, returns the first ``n`` inputs of
+      a named or file dataset (``spec-tot run --dataset``); None: ``inputs`` only.
     """
 
     name: str
@@ -41,6 +43,7 @@ class Program:
     build: Callable[..., Any]
     inputs: Callable[[int], list[Any]]
     backend_options: Callable[[str], dict[str, Any]]
+    dataset_inputs: Callable[[str, int], list[Any]] | None = None
 
 
 PROGRAM_ENTRY_POINTS = "spec_tot.programs"

@@ -247,3 +247,25 @@ def test_the_self_judge_reads_yes_and_no_where_the_tokenizer_has_them() -> None:
     scores = asyncio.run(judge.score([good, bad]))
     assert scores == [pytest.approx((0.75,)), pytest.approx((0.25,))]  # renormalised
     assert backend.requests[0].sampling.logprob_token_ids == (7, 9)
+
+
+def test_the_cli_runs_the_math_program_on_a_dataset_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spec_tot import cli
+
+    data = tmp_path / "two.jsonl"
+    rows = [{"question": "1+1?", "answer": "#### 2"}, {"question": "2+2?", "answer": "#### 4"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out_json = tmp_path / "run.json"
+    code = cli.run_cli(["run", "--program", "math", "--backend", "scripted", "--dataset",
+                        str(data), "--queries", "2", "--search", "best_of_n", "--param", "n=2",
+                        "--json", str(out_json)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(out_json.read_text())[0]["metrics"]["queries"] == 2
+    code = cli.run_cli(["run", "--program", "math", "--backend", "scripted", "--dataset",
+                        str(data), "--queries", "3"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "--dataset" in err and "holds 2 problems; asked for 3" in err
+    code = cli.run_cli(["run", "--program", "toy", "--backend", "scripted", "--dataset", "x"])
+    assert code == 2 and "program 'toy' reads no dataset" in capsys.readouterr().err
