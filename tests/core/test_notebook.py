@@ -42,3 +42,10 @@ def test_langgraph_notebook_runs_an_unmodified_graph_speculatively() -> None:
     assert "same graph: True" in text and "answers equal: True" in text
     assert "speedup vs LangGraph's runtime" in text and "'adopted'" in text
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_math_notebook_runs_on_the_scripted_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEC_TOT_NOTEBOOK_SCRIPTED", "1")  # the kernel inherits it
+    text, _ = _execute("math.ipynb")
+    assert "model: the scripted stand-in" in text and "solved" in text
+    assert "flowchart" in text and "1. " in text
