@@ -47,8 +47,10 @@ __all__ = [
     "SOLVE_PROMPT",
     "SelfJudge",
     "build_math_graph",
+    "chat_for",
     "compile_math",
     "math_inputs",
+    "plain_chat",
     "smollm2_folder",
     "yes_no_ids",
 ]
@@ -272,9 +274,7 @@ def _bundled() -> Path:
 def math_inputs(n: int, dataset: str | Path | None = None) -> list[dict[str, Any]]:
     """The first ``n`` problems of ``dataset``: a GSM8K or MATH JSONL path, or ``"gsm8k"`` /
     None for the first 100 of GSM8K's test set (shipped under its MIT licence)."""
-    source = _bundled() if dataset in (None, "gsm8k") else dataset
-    assert source is not None  # internal: None maps to the bundled file
-    problems = task.load_problems(source, n)
+    problems = task.load_problems(_bundled() if dataset in (None, "gsm8k") else dataset, n)
     return [
         {"question": p.question, "steps": [], "reference": p.answer, "query_id": f"m{i}"}
         for i, p in enumerate(problems)
