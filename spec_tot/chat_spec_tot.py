@@ -166,14 +166,14 @@ class ChatSpecTot(BaseChatModel):
                 branch.on_cancel(backend, lambda: backend.abort(prefix))
             # Committed requests are the backend's committed load, which every app's
             # speculation on it yields to (a speculative one holds its runner's sequence).
-            budget = None if request.speculative else hub_for(backend).budget
-            if budget is not None:
-                budget.committed_started()
+            dispatcher = None if request.speculative else hub_for(backend).dispatcher
+            if dispatcher is not None:
+                dispatcher.committed_started()
             try:
                 yield request
             finally:
-                if budget is not None:
-                    budget.committed_finished()
+                if dispatcher is not None:
+                    dispatcher.committed_finished()
 
     def _late(self) -> BackendError:
         return BackendError(self.backend_name, f"no answer within {self.timeout}s")

@@ -80,9 +80,11 @@ class Speculation:
 
     - ``speculate``: off; ``all`` (naive/SpecScale: continue every finished candidate at
       once, full width); ``ranked`` (SPEX T1: the policy's own ranked predictions).
-    - ``budget`` (T2): a global speculative budget from the backend's saturation batch minus
-      committed load, shared across queries by softmax(utility / ``tau``) with online hit
-      rates; it also makes speculation back off as the engine saturates (``full``).
+    - ``budget`` (T2): the backend's one dispatcher (``spec_tot.executor.dispatcher``)
+      launches every query's predicted children in order of expected value (hit rates
+      learnt per policy and level, against the step-time cost measured on the backend)
+      while there is room below its saturation batch; speculation backs off as the engine
+      saturates (``full``).
     - ``early_termination`` (T3, changes the search, opt-in): stop once >= ``et_min_answers``
       answers exist and the top answer's cumulative reward leads the runner-up's by
       ``et_alpha`` x the runner-up's mean weight.
@@ -90,9 +92,9 @@ class Speculation:
       full-score shortcut (opt-in: can change which tied node is kept).
     - ``dedup`` (CD): backends that support it share forward passes of identical prefixes.
     - ``lv``: lazy verification settings, or None to score each completion at once.
-    - ``max_spec_depth`` (T1's k): how many levels below the committed frontier speculation
+    - ``max_spec_depth`` (T1's k): the most levels below the committed frontier speculation
       may chain (through speculative nodes and nodes whose reward is pending, on provisional
-      rewards); under T2 it adapts to the query's hit rate.
+      rewards); under T2 each level's learnt hit rate decides within it.
     - ``adaptive``: lazy verification only while committed load fills the engine (off by
       default: on the CPU engine, where the PRM shares the cores, batched verification won
       even at low load). ``full`` adapts through T2: speculation only within the budget
@@ -103,7 +105,6 @@ class Speculation:
 
     speculate: Speculate = "off"
     budget: bool = False
-    tau: float = 1.0
     early_termination: bool = False
     et_min_answers: int = 4
     et_alpha: float = 1.0
@@ -122,7 +123,6 @@ class Speculation:
             raise ConfigError("speculate", f"must be off, all or ranked, got {self.speculate!r}")
         for name in _FLAGS:
             _flag(name, getattr(self, name))
-        _number("tau", self.tau, low=0, strict=True)
         _number("et_alpha", self.et_alpha, low=0)
         _number("full_score", self.full_score)
         _integer("et_min_answers", self.et_min_answers, 1)

@@ -4,9 +4,9 @@
 - ``controller``: one ``QueryController`` per query (commit, adopt, speculate, prune);
 - ``branch_runner``: the ``BranchRunner`` of a query (segments, generation, tools);
 - ``segment``: one branch's walk from a node to its next reward edge;
-- ``budget``: the SPEX T2 ``SpeculationBudget``;
+- ``dispatcher``: SPEX T2, the one speculation rule (a ``Dispatcher`` per backend);
 - ``hub``: ``hub_for(backend)``, what every app, batch and call on one backend shares (its
-  budget, its reward router per event loop, the query ids running on it);
+  dispatcher, its reward router per event loop, the query ids running on it);
 - ``reward_router``: the ``RewardRouter`` (queues per rule, batches run);
 - ``reward_rules``: when waiting items are scored (round, eager, lazy = SpecScale LV);
 - ``reward_calls``: one scorer call per batch, split per query when it fails or hangs;
@@ -17,9 +17,9 @@
 
 from __future__ import annotations
 
-from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, QueryOutcome, record_for
+from spec_tot.executor.dispatcher import Dispatcher, Offer
 from spec_tot.executor.hub import BackendHub, hub_for
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_scorer import call_scorer, check_score
@@ -27,11 +27,12 @@ from spec_tot.executor.seeds import query_seed, request_seed, seed_key
 
 __all__ = [
     "BackendHub",
+    "Dispatcher",
+    "Offer",
     "QueryContext",
     "QueryController",
     "QueryOutcome",
     "RewardRouter",
-    "SpeculationBudget",
     "calibrated_lv",
     "call_scorer",
     "check_score",

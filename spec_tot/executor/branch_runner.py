@@ -146,12 +146,12 @@ class BranchRunner:
     def hold_slot(self, node: Node) -> None:
         if node not in self._slots:
             self._slots.add(node)
-            self.ctx.budget.started(self.ctx.query_id)
+            self.ctx.dispatcher.started(self.ctx.query_id)
 
     def release_slot(self, node: Node, *, notify: bool = True) -> None:
         if node in self._slots:
             self._slots.discard(node)
-            self.ctx.budget.finished(self.ctx.query_id)
+            self.ctx.dispatcher.finished(self.ctx.query_id)
             if notify:
                 self._changed()
 

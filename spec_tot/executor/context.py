@@ -10,7 +10,7 @@ from spec_tot._private.compiled import CompiledGraph
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig, Speculation
 from spec_tot.events import EventKind, EventSink, ToTEvent
-from spec_tot.executor.budget import SpeculationBudget
+from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.seeds import seed_below
 from spec_tot.metrics import MetricsRecorder
@@ -34,9 +34,9 @@ class QueryContext:
     config: ExecutorConfig
     answer_fn: Callable[[State], str | None]
     seed: int  # the query's base seed: every request's seed derives from it and the node id
-    # The backend's speculation budget: it sees every request on the backend; its grants
-    # (T2) bound speculation only when ``spec.budget`` is on.
-    budget: SpeculationBudget
+    # The backend's speculation dispatcher: it sees every request on the backend; it
+    # decides this query's speculation (T2) only when ``spec.budget`` is on.
+    dispatcher: Dispatcher
     on_event: EventSink | None = None
     errors: list[str] = field(default_factory=list)
     closed: bool = False

@@ -11,12 +11,14 @@ query and always ends with ``abort(query_id)``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.branch_runner import BranchRunner
 from spec_tot.executor.context import QueryContext
+from spec_tot.executor.dispatcher import Offer
 from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord
 from spec_tot.nodes import GraphNode
@@ -49,6 +51,8 @@ class QueryController:
         self._round: list[Node] = []  # committed children of the latest commit
         self._truncated = False
         self._speculate_soon = False
+        self._levels: dict[str, int] = {}  # speculative child -> its level at launch
+        self._mean_tokens = 0.0  # moving average of a finished node's tokens
         # Without T2 a prediction still asks for no more than one saturated batch: MCTS
         # prediction simulates a selection per slot, and its CPU cost grows with the ask.
         self._predict_cap = ctx.backend.capabilities.saturation_batch
@@ -85,6 +89,10 @@ class QueryController:
             while not self._reported.empty():
                 batch.append(self._reported.get_nowait())
             self._outstanding -= len(batch)
+            for node in batch:
+                seen = max(node.num_tokens, 1)
+                mean = self._mean_tokens
+                self._mean_tokens = seen if not mean else 0.9 * mean + 0.1 * seen
             batch.sort(key=lambda n: n.key)
             if self.spec.ep:
                 early_prune(self.ctx, self.branches, self._round)
@@ -140,7 +148,9 @@ class QueryController:
         ctx.emit("speculative_hit", child)
         child.speculative = False
         ctx.recorder.speculative_hits += 1
-        ctx.budget.hit(ctx.query_id)
+        level = self._levels.pop(child.id, None)
+        if level is not None:
+            ctx.dispatcher.hit(self.policy.name, level)
         self._round.append(child)
         self._outstanding += 1
         branches.adopted(child)
@@ -170,44 +180,67 @@ class QueryController:
         self._speculate()
 
     def _speculate(self) -> None:
+        """Predict, and offer each predicted child to the backend's dispatcher (T2), which
+        launches it now or when room frees while it is worth its cost; without T2, start
+        them all at once (up to ``max_speculative_per_query``)."""
         ctx, spec = self.ctx, self.spec
         if spec.speculate == "off" or ctx.closed:
             return
         room = spec.max_speculative_per_query - self.branches.speculative_generating()
+        ask = min(room, self._predict_cap)
         if spec.budget:
-            # Predict no more than the budget could grant this query now: prediction runs
-            # the policy forward, its cost grows with what it is asked for, and with many
-            # queries most would be granted nothing.
-            room = min(room, ctx.budget.allowance(ctx.query_id, spec.tau))
-        if room <= 0:
+            # Prediction runs the policy forward and its cost grows with the ask: ask for
+            # what the backend has room for now, and a couple more to queue for freed room.
+            ask = min(ask, max(ctx.dispatcher.room(), 2))
+        if ask <= 0:
+            if spec.budget:
+                ctx.dispatcher.withdraw(ctx.query_id)
             return
-        predicted = self.policy.predict(self.tree, min(room, self._predict_cap))
+        predicted = self.policy.predict(self.tree, ask)
         if spec.speculate == "all":
             predicted = self._every_known_candidate(predicted)
-        depth = self._depth_cap()
-        candidates: list[tuple[Node, int, float]] = []
+        offers: list[Offer] = []
         for c in predicted:
             parent = self.tree.get(c.parent_id)
             if parent is None or parent.resume_at is None or self.branches.killed(parent):
                 continue
             # ``c.width`` is what the node lacks; it must still lack it now
             width = min(c.width, startable_width(parent, len(parent.children) + c.width))
-            if width > 0 and _level(parent) < depth:
-                candidates.append((parent, width, c.utility))
-        if not candidates:
-            return
+            level = _level(parent) + 1
+            if width <= 0 or level > spec.max_spec_depth:
+                continue
+            launch = functools.partial(self._launch, parent, len(parent.children) + width, level)
+            offers.extend(self._offer(parent, level, launch) for _ in range(width))
         if spec.budget:
-            wanted = sum(w for _, w, _ in candidates)
-            best = max(u for _, _, u in candidates)
-            room = ctx.budget.grant(ctx.query_id, wanted, best, spec.tau)
-        for parent, width, _ in candidates:
-            for _ in range(min(width, room)):
-                if len(self.tree) >= ctx.config.max_nodes:
-                    return
-                self.branches.start(self.tree.add_child(parent, speculative=True), parent)
-                room -= 1
-            if room <= 0:
-                return
+            ctx.dispatcher.offer(ctx.query_id, offers[:room])
+            return
+        for offer in offers[:room]:
+            offer.launch()
+
+    def _offer(self, parent: Node, level: int, launch: Callable[[], bool]) -> Offer:
+        # A child's length is unknown until generated: its parent's is the best guess.
+        tokens = parent.num_tokens or self._mean_tokens or 1.0
+        return Offer(self.policy.name, level, tokens, launch, reward_s=self.ctx.rewards.item_s)
+
+    def _launch(self, parent: Node, target: int, level: int) -> bool:
+        """Start one speculative child of ``parent`` if it still lacks one (up to ``target``
+        children) and this query may still speculate."""
+        ctx = self.ctx
+        if (
+            ctx.closed
+            or self.tree.get(parent.id) is not parent
+            or parent.resume_at is None
+            or self.branches.killed(parent)
+            or len(parent.children) >= target
+            or startable_width(parent, len(parent.children) + 1) < 1
+            or self.branches.speculative_generating() >= self.spec.max_speculative_per_query
+            or len(self.tree) >= ctx.config.max_nodes
+        ):
+            return False
+        child = self.tree.add_child(parent, speculative=True)
+        self._levels[child.id] = level
+        self.branches.start(child, parent)
+        return True
 
     def steering(self) -> bool:
         """Whether an early score would steer this query's speculation now: it speculates,
@@ -217,17 +250,7 @@ class QueryController:
             return False
         if self.branches.speculative_generating():
             return True
-        return not spec.budget or ctx.budget.room() > 0
-
-    def _depth_cap(self) -> int:
-        """SPEX T1's k: how many levels below the committed frontier speculation may go;
-        adaptive from the query's hit rate under T2 (a query whose guesses miss stays
-        shallow), ``max_spec_depth`` at most."""
-        cap = self.spec.max_spec_depth
-        if not self.spec.budget or cap <= 1:
-            return cap
-        rate = self.ctx.budget.hit_rate(self.ctx.query_id)
-        return cap if rate >= 0.5 else max(1, round(2 * rate * cap))
+        return not spec.budget or ctx.dispatcher.room() > 0
 
     def _every_known_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
         """Naive continuation (the papers' strawman, and SpecScale's speculation): every
@@ -257,7 +280,7 @@ class QueryController:
             if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
                 node.status = NodeStatus.CANCELLED
         ctx.rewards.forget(ctx.query_id)
-        ctx.budget.forget(ctx.query_id)
+        ctx.dispatcher.forget(ctx.query_id)
 
 
 async def _no_wait(_tool: GraphNode) -> None:

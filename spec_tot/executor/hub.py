@@ -1,5 +1,5 @@
 """What every app, batch and concurrent call on one backend share in this process: the
-query ids in use on it, its speculation budget (SPEX T2) and, per event loop, its reward
+query ids in use on it, its speculation dispatcher (SPEX T2) and, per event loop, its reward
 router. ``hub_for(backend)`` gives the one hub of a backend (kept on the backend object).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
-from spec_tot.executor.budget import SpeculationBudget
+from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.seeds import seed_key
 from spec_tot.nodes import State
@@ -36,7 +36,7 @@ class QueryInput:
 class BackendHub:
     def __init__(self, backend: GenerationBackend) -> None:
         self.backend = backend
-        self.budget = SpeculationBudget(
+        self.dispatcher = Dispatcher(
             backend.capabilities.saturation_batch, load=backend.reported_load
         )
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RewardRouter] = (
@@ -94,7 +94,7 @@ def hub_for(backend: GenerationBackend) -> BackendHub:
         except AttributeError as exc:  # a backend class with __slots__ and no __dict__
             raise ConfigError(
                 "backend",
-                f"{type(backend).__name__} cannot hold its shared speculation budget: "
+                f"{type(backend).__name__} cannot hold its shared speculation dispatcher: "
                 "give the class a __dict__ (drop __slots__)",
             ) from exc
     return hub

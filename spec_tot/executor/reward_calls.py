@@ -36,6 +36,7 @@ class ScoreCalls:
         self._query_info = query_info
         self._calls: dict[asyncio.Task[list[Any]], list[Pending]] = {}
         self._latency: float | None = None  # moving average of a call's latency
+        self.item_s = 0.0  # moving average of a call's latency per item it scored
         self._turns: dict[str, asyncio.Lock] = {}  # query -> its sync scorer calls, in turn
 
     def forget(self, query_id: str) -> None:
@@ -119,6 +120,8 @@ class ScoreCalls:
                 call.cancel()  # its items were scored apart (or their queries ended)
         elapsed = loop.time() - started
         self._latency = elapsed if self._latency is None else 0.8 * self._latency + 0.2 * elapsed
+        per_item = elapsed / len(live)
+        self.item_s = per_item if not self.item_s else 0.8 * self.item_s + 0.2 * per_item
         for p, value in zip(live, scores, strict=True):
             if p.future.done():
                 continue

@@ -80,6 +80,11 @@ class RewardRouter:
         self._calls = ScoreCalls(self._query_info)
         self._unresolved: dict[str, Pending] = {}  # node id -> its item, until scored
 
+    @property
+    def item_s(self) -> float:
+        """About what scoring one item costs (a reward call's latency per item)."""
+        return self._calls.item_s
+
     # -- queries ------------------------------------------------------------------------------
     def open_query(
         self,

@@ -1,5 +1,5 @@
 """Running a batch of queries on one backend: each query gets its controller, the batch its
-metrics, and every query the backend's shared reward router and speculation budget (its
+metrics, and every query the backend's shared reward router and speculation dispatcher (its
 ``BackendHub``: one per backend, whatever the app, batch or call).
 
 Seeds follow ``spec_tot.executor.seeds``.
@@ -17,9 +17,9 @@ from spec_tot._private.compiled import CompiledGraph
 from spec_tot.backends import GenerationBackend
 from spec_tot.config import ExecutorConfig
 from spec_tot.events import EventSink
-from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, record_for
+from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.hub import BackendHub, QueryInput
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
@@ -47,7 +47,7 @@ class RunSpec:
     check: Callable[[State, str | None], bool] | None
 
 
-def _batch_rule(run_spec: RunSpec, budget: SpeculationBudget) -> BatchRule:
+def _batch_rule(run_spec: RunSpec, dispatcher: Dispatcher) -> BatchRule:
     config = run_spec.config
     spec = config.speculation
     if spec.round_rewards:
@@ -59,10 +59,10 @@ def _batch_rule(run_spec: RunSpec, budget: SpeculationBudget) -> BatchRule:
     capacity = caps.saturation_batch
     busy = None
     if spec.adaptive:
-        busy = lambda: budget.committed >= capacity  # noqa: E731
+        busy = lambda: dispatcher.committed >= capacity  # noqa: E731
     # Loaded: committed work fills half the engine's saturation batch. LV's time rules then
     # rest (an early score only steers speculation, worth little then).
-    saturated = lambda: 2 * budget.committed >= capacity  # noqa: E731
+    saturated = lambda: 2 * dispatcher.committed >= capacity  # noqa: E731
     return LazyRule(lv, busy, saturated)
 
 
@@ -80,15 +80,15 @@ async def run_queries(
     config = run_spec.config
     recorder = MetricsRecorder(goodput_deadline_s=config.goodput_deadline_s)
     hub = run_spec.hub
-    budget, router = hub.budget, hub.router()
-    rule = _batch_rule(run_spec, budget)
+    dispatcher, router = hub.dispatcher, hub.router()
+    rule = _batch_rule(run_spec, dispatcher)
     limit = asyncio.Semaphore(max_concurrency)
 
     async def one(query: QueryInput) -> ToTResult:
         try:
             async with limit:
                 result = await _run_one(
-                    run_spec, query, recorder, router, rule, budget, on_event=on_event
+                    run_spec, query, recorder, router, rule, dispatcher, on_event=on_event
                 )
         finally:
             if release is not None:
@@ -113,7 +113,7 @@ async def _run_one(
     recorder: MetricsRecorder,
     router: RewardRouter,
     rule: BatchRule,
-    budget: SpeculationBudget,
+    dispatcher: Dispatcher,
     *,
     on_event: EventSink | None,
 ) -> ToTResult:
@@ -134,7 +134,7 @@ async def _run_one(
             config=config,
             answer_fn=run_spec.answer_fn,
             seed=query_seed(config.seed, query.seed_key),
-            budget=budget,
+            dispatcher=dispatcher,
             on_event=on_event,
         )
         controller = QueryController(ctx)

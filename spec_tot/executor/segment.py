@@ -14,6 +14,7 @@ that its children can start while the reward is pending.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -144,16 +145,17 @@ class Segment:
         if speculative:
             runner.hold_slot(node)
         ctx.recorder.request_started(speculative=speculative)
-        if not speculative:
-            ctx.budget.committed_started()
+        rows = 0 if speculative else ctx.dispatcher.committed_started()
         runner.generating.add(node.id)
+        started, tokens = time.perf_counter(), 0
         try:
             result = await ctx.backend.generate(request)
+            tokens = result.completions[0].num_tokens
         finally:
             runner.generating.discard(node.id)
             ctx.recorder.request_finished(speculative=speculative)
-            if not speculative:
-                ctx.budget.committed_finished()
+            if not speculative:  # a sample of the backend's step curve
+                ctx.dispatcher.committed_finished(rows, time.perf_counter() - started, tokens)
             runner.release_slot(node)
         completion = result.completions[0]
         node.num_tokens += completion.num_tokens

@@ -140,13 +140,13 @@ def from_langgraph(
     ``"baseline"``/``"dedup"`` (LangGraph's schedule exactly); ``config``: an
     ``ExecutorConfig`` whose mode and ``query_timeout_s`` (for ``arun``) apply.
 
-    Speculative tasks take their slots from the speculation budget of the spec-tot
-    backends the graph's model calls go to (``ChatSpecTot``'s backend, learnt at its first
-    call, or ``backend``: a ``GenerationBackend``, a ``ChatSpecTot``, or a list of them),
-    the budget every ToT app and LangGraph app on that backend shares. A graph over other
-    LangChain models has no such budget: its speculative tasks share the app's own pool.
-    ``max_speculative``: a cap on the app's speculative tasks at once (default: 16 for the
-    own pool, none beyond the budgets once a backend is known); sync node functions run
+    Speculative tasks are admitted by the speculation dispatcher of the spec-tot backends
+    the graph's model calls go to (``ChatSpecTot``'s backend, learnt at its first call, or
+    ``backend``: a ``GenerationBackend``, a ``ChatSpecTot``, or a list of them), the one
+    every ToT app and LangGraph app on that backend shares. A graph over other LangChain
+    models has no such backend: its speculative tasks go through the app's own dispatcher
+    (16 sequences). ``max_speculative``: a cap on the app's speculative tasks at once
+    (default: none beyond the dispatchers'); sync node functions run
     ahead on threads of their own, as many as that cap, never on LangGraph's. ``max_depth``:
     how many partial speculative supersteps a prediction may build on.
     """

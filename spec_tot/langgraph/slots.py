@@ -1,21 +1,21 @@
-"""Where a speculative task's slot comes from.
+"""Where a speculative task's room comes from: the speculation dispatcher
+(``spec_tot.executor.dispatcher``) of each spec-tot backend the graph uses, the one every ToT
+app, batch and LangGraph app on that backend goes through.
 
 When the graph's LLM calls go to spec-tot backends (``ChatSpecTot`` over a backend, or a
-backend given to ``from_langgraph``), a speculative task takes one sequence of each such
-backend's speculation budget (``spec_tot.executor.hub_for(backend).budget``), the same budget
-every ToT app, batch and LangGraph app on that backend draws from: together they never run
-more speculative sequences than the backend's saturation batch, and committed work anywhere
-on it shrinks the room. A run is one caller of the budget (its key, reserved on the hub like
-a query id); its demand is the prediction's utility (1 for a prediction from the real
-partial pool, less for one built on speculative steps) times its observed hit rate.
+backend given to ``from_langgraph``), a speculative task launches only if each such
+backend's dispatcher admits it: it is worth its cost there (its node's hit rate, learnt per
+node and prediction level, against the backend's step-time cost) and no queued candidate
+of any query or run is worth more; committed work anywhere on the backend shrinks the room.
+A run is one client of the dispatchers (its key, reserved on the hub like a query id).
 
 The backends are given up front or learnt as the graph runs: ``ChatSpecTot`` reports its
 backend around each request (``BranchContext.admit``). A speculative thought task reserves
-one sequence of every known budget when it launches; each request it makes holds one
-sequence per sample while it runs (the reservation first), waiting for room if need be,
-or until the task is adopted (its requests are committed work then).
-A graph whose models are arbitrary LangChain models has no budget to share: its runs use the
-app's own pool of ``max_speculative`` slots (16 by default).
+one sequence on every known dispatcher when it launches; each request it makes holds one
+sequence per sample while it runs (the reservation first), waiting until room frees on that
+backend if need be (woken by the dispatcher, never polling), or until the task is adopted
+(its requests are committed work then). A graph whose models are arbitrary LangChain models
+has no backend to share: its runs go through the app's own dispatcher of 16 sequences.
 
 Either way no speculative task starts while the event loop lags: speculation only fills
 idle capacity, and a CPU-bound process (LangChain's per-call work, many runs at once) has
@@ -35,25 +35,23 @@ from typing import Any
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
-from spec_tot.executor import BackendHub, hub_for
+from spec_tot.executor import BackendHub, Dispatcher, Offer, hub_for
 
 __all__ = ["DEFAULT_OWN_SLOTS", "Lease", "RunSlots", "SpeculationSlots"]
 
-DEFAULT_OWN_SLOTS = 16  # the own pool's size when no spec-tot backend is known
-EXACT_UTILITY = 1.0  # demand of a prediction from the real partial pool
-DEEP_UTILITY = 0.5  # demand of one built on speculative (partial) steps
-_ADMIT_POLL_S = 0.005  # how often a task waiting for budget room looks again
+DEFAULT_OWN_SLOTS = 16  # the own dispatcher's room when no spec-tot backend is known
 
 
 @dataclass
 class SpeculationSlots:
-    """The slots of one app, shared by all its runs: its own count of speculative tasks
-    (capped by ``limit``; by default 16 while no backend is known, no cap of its own once
-    the backends' budgets decide) and the hubs of the spec-tot backends its graph uses."""
+    """The slots of one app, shared by all its runs: its count of speculative tasks
+    (capped by ``limit`` if given), the hubs of the spec-tot backends its graph uses, and
+    its own dispatcher for when it knows none."""
 
     limit: int | None = None
-    used: int = 0  # speculative tasks holding an own-pool slot (not yet adopted)
+    used: int = 0  # speculative tasks not yet adopted or ended
     hubs: list[BackendHub] = field(default_factory=list)
+    own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
     lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
     max_lag_s: float = 0.005
 
@@ -61,12 +59,9 @@ class SpeculationSlots:
         if self.limit is not None and self.limit < 1:
             raise ConfigError("max_speculative", f"must be >= 1, got {self.limit}")
 
-    @property
-    def cap(self) -> int | None:
-        """Speculative tasks one app may run at once on its own count (None: no cap)."""
-        if self.limit is not None:
-            return self.limit
-        return None if self.hubs else DEFAULT_OWN_SLOTS
+    def dispatchers(self) -> list[Dispatcher]:
+        """Where a model call's sequences are admitted: the known backends', else the own."""
+        return [h.dispatcher for h in self.hubs] or [self.own]
 
     # Busy Python: above this share of one core, the process's Python runs at the GIL's
     # pace, and a speculative task's Python (LangChain's own, per model call) only slows
@@ -88,17 +83,16 @@ class SpeculationSlots:
 
     def threads(self) -> int:
         """Worker threads for a sync run's speculative tasks: as many as may run at once."""
-        cap = self.cap
-        if cap is not None:
-            return cap
-        return max(DEFAULT_OWN_SLOTS, *(h.budget.capacity for h in self.hubs))
+        if self.limit is not None:
+            return self.limit
+        return max([DEFAULT_OWN_SLOTS, *(h.dispatcher.capacity for h in self.hubs)])
 
     def learn(self, backend: Any) -> BackendHub:
         """The hub of ``backend``, which the app's speculative tasks take slots from now on."""
         if not isinstance(backend, GenerationBackend):
             raise ConfigError(
                 "backend",
-                "a speculation budget needs a spec-tot GenerationBackend (or a ChatSpecTot), "
+                "a speculation dispatcher needs a spec-tot GenerationBackend (or a ChatSpecTot), "
                 f"got {type(backend).__name__}",
             )
         hub = hub_for(backend)
@@ -136,39 +130,42 @@ class _CpuMeter:
 
 @dataclass(eq=False)
 class Lease:
-    """What one speculative task holds: an own-pool slot (until adopted or ended), one
-    sequence reserved at launch on each budget in ``reserved`` (a thought task's first model
-    call uses it), and, while its calls run, one sequence per sample of each call."""
+    """What one speculative task holds: its place in the app's count (until adopted or
+    ended), one sequence reserved at launch on each dispatcher in ``reserved`` (a thought
+    task's first model call uses it), and, while its calls run, one sequence per sample of
+    each call. ``kind`` and ``level`` are what its hit is learnt under."""
 
     run: RunSlots
-    pooled: bool
-    utility: float
-    reserved: list[BackendHub] = field(default_factory=list)
-    used: dict[BackendHub, int] = field(default_factory=dict)  # sequences its calls took
+    kind: str
+    level: int
+    launched_on: list[Dispatcher]
+    reserved: list[Dispatcher] = field(default_factory=list)
+    counted: bool = True
+    adoption: asyncio.Event = field(default_factory=asyncio.Event)
 
     def adopted(self) -> None:
-        """The task is real work now: its own-pool slot and unused reservations free; the
-        sequences of calls in flight stay held until they end, and count as hits."""
+        """The task is real work now: its count and unused reservations free; the
+        sequences of calls in flight stay held until they end. A hit where it launched."""
+        self.adoption.set()
         self.release()
-        for hub, count in self.used.items():
-            for _ in range(count):
-                hub.budget.hit(self.run.key)
+        for dispatcher in self.launched_on:
+            dispatcher.hit(self.kind, self.level)
 
     def release(self) -> None:
-        self.unpool()
-        for hub in self.reserved:
-            hub.budget.finished(self.run.key)
+        self.uncount()
+        for dispatcher in self.reserved:
+            dispatcher.finished(self.run.key)
         self.reserved = []
 
-    def unpool(self) -> None:
-        if self.pooled:
-            self.pooled = False
+    def uncount(self) -> None:
+        if self.counted:
+            self.counted = False
             self.run.app.used -= 1
 
 
 @dataclass
 class RunSlots:
-    """One run's side of the app's slots: ``key`` is the run's caller key on every budget."""
+    """One run's side of the app's slots: ``key`` is the run's client key on every dispatcher."""
 
     app: SpeculationSlots
     key: str
@@ -184,52 +181,58 @@ class RunSlots:
         if self.shares_loop:  # only a loop real tasks share says anything of their delay
             self.app.observe_lag(seconds)
 
-    def acquire(self, utility: float, reserve: bool) -> Lease | None:
-        """A slot for one new speculative task, or None (no room, or the loop lags).
-        ``reserve``: the task is a model call; it reserves one sequence of every known
-        budget now, so that the launches of one pass see each other."""
+    def acquire(self, kind: str, level: int, reserve: bool) -> Lease | None:
+        """Room for one new speculative task of node ``kind`` predicted ``level`` steps
+        ahead, or None (not admitted, the app's limit, or the loop lags). ``reserve``: the
+        task is a model call; it reserves one sequence on every known dispatcher now (each
+        must admit it), so that the launches of one pass see each other."""
         app = self.app
-        cap = app.cap
-        if self.closed or not self.idle or (cap is not None and app.used >= cap):
+        if self.closed or not self.idle or (app.limit is not None and app.used >= app.limit):
             return None
-        hubs = list(app.hubs) if reserve else []
-        for hub in hubs:
+        dispatchers = app.dispatchers() if reserve or not app.hubs else []
+        tokens = max((d.mean_tokens for d in dispatchers), default=0.0) or 1.0
+        offer = Offer(kind, level, tokens, _started)
+        for hub in app.hubs if reserve else []:
             self._join(hub)
-            if hub.budget.grant(self.key, 1, utility) < 1:
-                return None
-        for hub in hubs:
-            hub.budget.started(self.key)
+        admitted: list[Dispatcher] = []
+        for dispatcher in dispatchers:
+            if not dispatcher.try_start(self.key, offer):
+                break
+            admitted.append(dispatcher)
+        if len(admitted) < len(dispatchers):
+            return None
+        for dispatcher in admitted:
+            dispatcher.started(self.key)
         app.used += 1
-        return Lease(self, pooled=True, utility=utility, reserved=hubs)
+        return Lease(self, kind, level, launched_on=admitted, reserved=list(admitted))
 
     @contextlib.asynccontextmanager
     async def admit(
         self, lease: Lease | None, speculative: Callable[[], bool], backend: Any, n: int = 1
     ) -> AsyncIterator[None]:
         """Around one request of ``n`` samples of a task's branch on ``backend``: learn its
-        hub; a speculative task holds one sequence of its budget per sample while the
+        hub; a speculative task holds one sequence of its dispatcher per sample while the
         request runs (its reservation first), waiting for room if need be, or until
         ``speculative()`` turns False (adopted: the request is committed work)."""
-        hub = self.app.learn(backend)
+        dispatcher = self.app.learn(backend).dispatcher
         held = 0
         try:
             if lease is not None and speculative():
-                if hub in lease.reserved:
-                    lease.reserved.remove(hub)
+                if dispatcher in lease.reserved:
+                    lease.reserved.remove(dispatcher)
                     held = 1
                 while held < n and speculative() and not self.closed:
-                    self._join(hub)
-                    granted = hub.budget.grant(self.key, n - held, lease.utility)
+                    self._join(self.app.learn(backend))
+                    granted = min(n - held, dispatcher.room())
                     if granted > 0:
-                        hub.budget.started(self.key, granted)
+                        dispatcher.started(self.key, granted)
                         held += granted
                     else:
-                        await asyncio.sleep(_ADMIT_POLL_S)
-                lease.used[hub] = lease.used.get(hub, 0) + held
+                        await _room_or_adoption(dispatcher, lease)
             yield
         finally:
-            for _ in range(held):
-                hub.budget.finished(self.key)
+            if held:
+                dispatcher.finished(self.key, held)
 
     def _join(self, hub: BackendHub) -> None:
         if all(h is not hub for h in self.joined):
@@ -237,9 +240,27 @@ class RunSlots:
             self.joined.append(hub)
 
     def close(self) -> None:
-        """The run ended (every lease released): it leaves every budget it asked."""
+        """The run ended (every lease released): it leaves every dispatcher it asked."""
         self.closed = True
         for hub in self.joined:
-            hub.budget.forget(self.key)
+            hub.dispatcher.forget(self.key)
             hub.release([self.key])
         self.joined = []
+        self.app.own.forget(self.key)
+
+
+def _started() -> bool:
+    return True  # a run's task starts in the caller, once admitted
+
+
+async def _room_or_adoption(dispatcher: Dispatcher, lease: Lease) -> None:
+    """Until room frees on ``dispatcher`` or the task is adopted (woken, not polled)."""
+    waits = {
+        asyncio.ensure_future(dispatcher.wait_room()),
+        asyncio.ensure_future(lease.adoption.wait()),
+    }
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()

@@ -10,8 +10,8 @@ loop starts a real task of the same node on an equal input (on the node's declar
 Passes run after every task completion (real or speculative). What a pass no longer reaches
 is cancelled at once when the graph's selects are declared ``top_k`` (a dropped ``Send`` is
 never emitted later), and otherwise kept, unused, until its superstep passes or its slot is
-needed. Slots come from the speculation budget of the spec-tot backends the graph uses,
-shared with every other app on them, or else from the app's own pool
+needed. Admission is by the speculation dispatcher of the spec-tot backends the graph uses,
+shared with every other app on them, or else by the app's own
 (``spec_tot.langgraph.slots``). Nothing a speculative task does reaches the run's state,
 checkpoints, streams or callbacks unless it is adopted (``spec_tot.langgraph.replay``).
 """
@@ -35,7 +35,7 @@ from spec_tot.langgraph.entries import Entry, EntryTable, SendOwners, match_key
 from spec_tot.langgraph.prediction import Prediction, predict
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
-from spec_tot.langgraph.slots import DEEP_UTILITY, EXACT_UTILITY, RunSlots
+from spec_tot.langgraph.slots import RunSlots
 from spec_tot.langgraph.steps import StepView
 
 __all__ = ["Speculator"]
@@ -203,12 +203,14 @@ class Speculator:
         """Start ``task`` (prepared on ``world``) speculatively, if a slot is free."""
         if not self.slots.idle:
             return None  # busy: speculation would slow the real path down
-        utility = EXACT_UTILITY if exact else DEEP_UTILITY
+        # Hit rates are learnt per node, and per level: a prediction from the real partial
+        # pool is one step ahead, one built on speculative steps more.
+        kind, level = f"langgraph:{task.name}", 1 if exact else 2
         role = self.roles.get(task.name)
         reserve = role is not None and role.kind == "thought"
-        lease = self.slots.acquire(utility, reserve)
+        lease = self.slots.acquire(kind, level, reserve)
         if lease is None and self._evict():
-            lease = self.slots.acquire(utility, reserve)
+            lease = self.slots.acquire(kind, level, reserve)
         if lease is None:
             return None
         n = self._ids_issued
@@ -266,7 +268,7 @@ class Speculator:
             entry.finished_s = self.clock()
         if entry.future is not None and not entry.future.done():
             if entry.lease is not None:
-                entry.lease.unpool()  # its budget sequences free when the run ends
+                entry.lease.uncount()  # its sequences free when the run ends
             entry.future.cancel()
             self._aborts.add(task := self.loop.create_task(entry.branch.abort()))
             task.add_done_callback(self._aborts.discard)

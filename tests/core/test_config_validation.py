@@ -24,7 +24,6 @@ CASES: list[tuple[dict[str, Any], str]] = [
     ({"max_nodes": 1}, "max_nodes"),
     ({"speculation_overrides": ["ep"]}, "speculation_overrides"),
     ({"speculation_overrides": {"bogus": 1}}, "speculation.bogus"),
-    ({"speculation_overrides": {"tau": "x"}}, "speculation.tau"),
     ({"speculation_overrides": {"tau": 0}}, "speculation.tau"),
     ({"speculation_overrides": {"ep": 1}}, "speculation.ep"),
     ({"speculation_overrides": {"budget": "yes"}}, "speculation.budget"),

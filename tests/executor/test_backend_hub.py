@@ -1,4 +1,4 @@
-"""One speculation budget, one reward router and one set of query ids per backend, shared by
+"""One speculation dispatcher, one reward router and one set of query ids per backend, shared by
 every app, batch and concurrent call in the process (``spec_tot.executor.hub_for``)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from spec_helpers import LatencyBackend, make_app, tick_fn
 
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.errors import ConfigError
-from spec_tot.executor import SpeculationBudget, hub_for
+from spec_tot.executor import Dispatcher, hub_for
 from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult
 
 
@@ -47,8 +47,8 @@ class Saturating(LatencyBackend):
 
 @pytest.mark.parametrize("mode", ["spex", "full"])
 async def test_eight_concurrent_ainvokes_never_exceed_the_backends_capacity(mode: str) -> None:
-    """Eight ``ainvoke`` calls at once (two apps) share the backend's one budget: the
-    speculative sequences in flight never pass its saturation batch (8 per-call budgets
+    """Eight ``ainvoke`` calls at once (two apps) share the backend's one dispatcher: the
+    speculative sequences in flight never pass its saturation batch (8 per-call limits
     would each have allowed it)."""
     for seed in range(2):
         backend = Saturating(
@@ -63,7 +63,7 @@ async def test_eight_concurrent_ainvokes_never_exceed_the_backends_capacity(mode
         assert all(r.status == "ok" for r in results)
         assert backend.speculative_requests > 0  # it did speculate
         assert backend.peak_speculative <= 6
-        assert hub_for(backend).budget.peak_speculative <= 6
+        assert hub_for(backend).dispatcher.peak_speculative <= 6
         assert backend.num_inflight == 0
         assert hub_for(backend).active == set()  # every query id released
 
@@ -75,26 +75,12 @@ async def test_a_server_reported_load_is_the_committed_load() -> None:
     result = await app.ainvoke({"question": "puzzle"})
     assert result.status == "ok"
     assert backend.speculative_requests == 0
-    budget = SpeculationBudget(capacity=8, load=lambda: 5.0)
-    budget.started("a", 2)  # this process's speculation is part of the reported load
-    assert budget.committed == 3 and budget.room() == 3
-    budget.committed_started()
-    budget.committed_started()
-    budget.committed_started()
-    budget.committed_started()
-    assert budget.committed == 4  # the local count when it is the larger
-
-
-def test_demand_expires_when_a_query_goes_quiet() -> None:
-    now = [0.0]
-    budget = SpeculationBudget(capacity=10, demand_ttl_s=1.0, clock=lambda: now[0])
-    budget.grant("quiet", 0, 1.0)
-    assert budget.grant("busy", 10, 1.0) == 5  # shared with the other asker
-    now[0] = 2.0
-    assert budget.grant("busy", 10, 1.0) == 10  # the quiet query's claim expired
-    assert "quiet" not in budget.demand
-    budget.forget("busy")
-    assert budget.demand == {} and budget.speculative == {}
+    dispatcher = Dispatcher(capacity=8, load=lambda: 5.0)
+    dispatcher.started("a", 2)  # this process's speculation is part of the reported load
+    assert dispatcher.committed == 3 and dispatcher.room() == 3
+    for _ in range(4):
+        dispatcher.committed_started()
+    assert dispatcher.committed == 4  # the local count when it is the larger
 
 
 async def test_query_ids_are_reserved_per_backend_across_apps() -> None:
@@ -129,28 +115,15 @@ async def test_one_reward_router_per_event_loop() -> None:
     assert theirs is not mine
 
 
-def test_allowance_says_whether_a_prediction_could_be_granted_and_changes_nothing() -> None:
-    budget = SpeculationBudget(capacity=4)
-    for q in "abcdefgh":
-        budget.grant(q, 0, 1.0 if q == "a" else 0.1, 0.05)
-    before = dict(budget.demand)
-    assert budget.allowance("a", 0.05) >= 1  # the most useful query
-    assert budget.allowance("h", 0.05) == 1  # a query holding nothing: one slot while there is room
-    assert budget.demand == before  # asking changed nothing
-    for q in "abcd":
-        budget.started(q)
-    assert budget.allowance("h", 0.05) == 0  # many queries, no room left: skip predicting
-    assert budget.allowance("new", 0.05) == 0
-
-
-def test_a_caller_holding_slots_gets_no_more_than_its_share() -> None:
-    """The room past the shares is not drained by the most useful caller: a caller that
-    holds slots gets its share, and a caller that holds none still finds one."""
-    budget = SpeculationBudget(capacity=8)
-    budget.grant("lg", 0, 0.1)  # a caller that has not shown a hit rate yet
-    granted = budget.grant("tot", 8, 1.0, 0.05)
-    budget.started("tot", granted)
-    assert granted < 8
-    for _ in range(5):
-        assert budget.grant("tot", 8, 1.0, 0.05) == 0  # no slot past its share
-    assert budget.grant("lg", 1, 0.1, 0.05) == 1
+async def test_the_dispatcher_learns_hit_rates_across_queries() -> None:
+    """Every query's launches and adoptions teach the backend's one dispatcher, per policy
+    and level: a later query starts from what earlier ones showed."""
+    backend = Saturating(8, ScriptedConfig(seed=1, depth=4), tick_fn(1, 10), tick_fn(2, 2))
+    app = make_app(backend, "rebase", "full", params={"width": 4})
+    for i in range(3):
+        assert (await app.ainvoke({"question": f"p{i}"})).status == "ok"
+    dispatcher = hub_for(backend).dispatcher
+    launched = sum(c[0] for (kind, _), c in dispatcher.rates.counts.items() if kind == "rebase")
+    assert launched == dispatcher.launches > 0
+    assert dispatcher.curve.measured  # committed requests sampled the step curve
+    assert dispatcher.queued() == 0 and dispatcher.speculative == {}  # queries forgotten

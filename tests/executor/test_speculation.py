@@ -12,8 +12,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from spec_helpers import (
     SPEC_MODES,
     LatencyBackend,
@@ -30,7 +28,6 @@ from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.adapters.sim import run_virtual
 from spec_tot.config import LazyVerification
 from spec_tot.errors import ConfigError
-from spec_tot.executor.budget import SpeculationBudget
 from spec_tot.executor.pruning import early_prune_threshold
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.seeds import stable_seed
@@ -291,119 +288,7 @@ def test_t3_is_opt_in() -> None:
     assert not any(spec.ep_full_score for spec in MODES.values())
 
 
-# -- T2 --------------------------------------------------------------------------------------
-def test_budget_grant_never_exceeds_room_or_request() -> None:
-    budget = SpeculationBudget(capacity=8)
-    assert budget.grant("a", 100, 1.0) <= 8
-    assert budget.grant("a", 3, 1.0) == 3
-    budget.started("a", 6)
-    assert budget.room() == 2
-    assert budget.grant("a", 10, 1.0) <= 2
-    assert budget.grant("b", 10, 1.0) <= 2
-    budget.started("b", 2)
-    assert budget.grant("a", 10, 1.0) == 0
-    assert budget.grant("b", 10, 1.0) == 0
-    assert budget.grant("c", 0, 1.0) == 0
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    capacity=st.integers(1, 32),
-    ops=st.lists(
-        st.tuples(
-            st.sampled_from(["grant", "finish", "commit", "uncommit", "hit", "forget"]),
-            st.sampled_from(["a", "b", "c"]),
-            st.integers(0, 12),
-            st.floats(0.0, 2.0),
-        ),
-        max_size=40,
-    ),
-    tau=st.sampled_from([0.05, 1.0, 10.0]),
-)
-def test_budget_grants_stay_within_room_under_any_sequence(
-    capacity: int, ops: list[tuple[str, str, int, float]], tau: float
-) -> None:
-    budget = SpeculationBudget(capacity=capacity)
-    for op, q, n, utility in ops:
-        if op == "grant":
-            room = budget.room()
-            granted = budget.grant(q, n, utility, tau)
-            assert 0 <= granted <= min(n, max(room, 0))
-            budget.started(q, granted) if granted else None
-        elif op == "finish" and budget.speculative.get(q, 0):
-            budget.finished(q)
-        elif op == "commit":
-            budget.committed_started()
-        elif op == "uncommit":
-            budget.committed_finished()
-        elif op == "hit" and budget.hits.get(q, 0) < budget.launched.get(q, 0):
-            budget.hit(q)
-        elif op == "forget":
-            budget.forget(q)
-        assert 0.0 < budget.hit_rate(q) < 1.0
-        assert sum(budget.speculative.values()) <= capacity  # speculation never overbooks
-
-
-def test_committed_load_shrinks_room_to_zero() -> None:
-    budget = SpeculationBudget(capacity=8)
-    for _ in range(6):
-        budget.committed_started()
-    assert budget.room() == 2
-    assert budget.grant("a", 10, 1.0) == 2  # alone, a query may use all the room
-    for _ in range(2):
-        budget.committed_started()
-    assert budget.room() == 0
-    assert budget.grant("a", 10, 1.0) == 0
-    for _ in range(4):  # committed past saturation: still nothing, never negative
-        budget.committed_started()
-    assert budget.grant("a", 10, 1.0) == 0
-    assert budget.grant("b", 10, 5.0) == 0
-
-
-def test_softmax_sharing_favours_higher_utility() -> None:
-    budget = SpeculationBudget(capacity=10)
-    budget.grant("hi", 0, 1.0, 0.1)  # register both queries' demand
-    budget.grant("lo", 0, 0.1, 0.1)
-    hi, lo = budget.grant("hi", 10, 1.0, 0.1), budget.grant("lo", 10, 0.1, 0.1)
-    assert hi > lo
-    assert hi + lo <= 10
-    # a large tau shares nearly evenly
-    flat = SpeculationBudget(capacity=10)
-    flat.grant("hi", 0, 1.0, 100.0)
-    flat.grant("lo", 0, 0.1, 100.0)
-    hi, lo = flat.grant("hi", 10, 1.0, 100.0), flat.grant("lo", 10, 0.1, 100.0)
-    assert hi >= lo >= hi - 1 and hi + lo <= 10
-
-
-def test_hit_rate_prior_and_learning() -> None:
-    budget = SpeculationBudget(capacity=20)
-    assert budget.hit_rate("new") == 0.5  # Beta(1, 1) prior
-    budget.started("good", 4)
-    for _ in range(4):
-        budget.hit("good")
-        budget.finished("good")
-    budget.started("bad", 4)
-    for _ in range(4):
-        budget.finished("bad")
-    assert budget.hit_rate("good") == pytest.approx(5 / 6)
-    assert budget.hit_rate("bad") == pytest.approx(1 / 6)
-    # at equal candidate utility the query whose guesses were adopted gets more room
-    budget.grant("good", 0, 1.0, 0.05)
-    budget.grant("bad", 0, 1.0, 0.05)
-    assert budget.grant("good", 20, 1.0, 0.05) > budget.grant("bad", 20, 1.0, 0.05)
-    budget.forget("good")
-    assert budget.hit_rate("good") == 0.5
-
-
-def test_most_useful_query_gets_a_slot_while_the_engine_has_room() -> None:
-    budget = SpeculationBudget(capacity=3)
-    for q in "abcd":
-        budget.grant(q, 0, 1.0)
-    assert budget.grant("a", 1, 1.0) == 1  # share 3/4 floors to 0, but it is the top query
-    budget.started("a", 3)
-    assert budget.grant("a", 1, 1.0) == 0  # ... not past the room
-
-
+# -- T2 (the dispatcher's own rules: tests/executor/test_dispatcher.py) ---------------------
 class SmallEngine(LatencyBackend):
     """Saturates at 3 sequences: the T2 budget must keep speculation within that."""
 

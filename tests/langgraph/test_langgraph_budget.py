@@ -1,5 +1,5 @@
 """A LangGraph app whose model calls go to a spec-tot backend (``ChatSpecTot``) takes its
-speculative slots from that backend's one budget (``hub_for(backend)``), shared with the
+speculative slots from that backend's one dispatcher (``hub_for(backend)``), shared with the
 ToT apps on it: run side by side they never exceed the backend's speculative capacity."""
 
 from __future__ import annotations
@@ -122,11 +122,11 @@ async def _side_by_side(seed: int, known: str) -> tuple[int, int]:
     assert all(r.status == "ok" for r in results[:2])
     # together never past the backend's capacity
     hub = hub_for(backend)
-    assert backend.peak_speculative <= CAPACITY and hub.budget.peak_speculative <= CAPACITY
+    assert backend.peak_speculative <= CAPACITY and hub.dispatcher.peak_speculative <= CAPACITY
     assert speculation_of(lg).slots.hubs == [hub] and speculation_of(lg).slots.used == 0
     # nothing left behind: no request, no slot, no reserved key, no demand
     assert backend.num_inflight == 0 and hub.active == set()
-    assert sum(hub.budget.speculative.values()) == 0 and hub.budget.local_committed == 0
+    assert sum(hub.dispatcher.speculative.values()) == 0 and hub.dispatcher.local_committed == 0
     # the shared budget changes when tasks run, never what a run answers
     baseline = from_langgraph(graph, mode="baseline")
     for q, final in zip(questions, results[2:], strict=True):
@@ -171,9 +171,9 @@ def test_backend_given_to_from_langgraph_is_checked() -> None:
     llm = ChatSpecTot(backend=backend)
     app = from_langgraph(search_graph(llm), backend=llm)
     slots = speculation_of(app).slots
-    assert slots.hubs == [hub_for(backend)] and slots.cap is None
-    assert (
-        speculation_of(from_langgraph(search_graph(ChatSpecTot(backend=backend)))).slots.cap == 16
-    )
+    assert slots.hubs == [hub_for(backend)] and slots.limit is None
+    assert slots.dispatchers() == [hub_for(backend).dispatcher]
+    unknown = speculation_of(from_langgraph(search_graph(ChatSpecTot(backend=backend)))).slots
+    assert unknown.dispatchers() == [unknown.own] and unknown.own.capacity == 16
     with pytest.raises(ConfigError, match="backend: expected a spec-tot GenerationBackend"):
         from_langgraph(search_graph(ChatSpecTot(backend=backend)), backend="local")

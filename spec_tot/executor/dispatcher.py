@@ -1,0 +1,323 @@
+"""SPEX T2, the one speculation rule: a dispatcher per backend, shared by every ToT query,
+batch, app and LangGraph run that uses the backend in this process
+(``spec_tot.executor.hub_for(backend).dispatcher``).
+
+Clients offer speculative candidates (``Offer``); every candidate of every client waits in
+one priority queue keyed by its expected value::
+
+    value = P(hit) x seconds a hit saves  -  (1 - P(hit)) x what a miss costs  -  launch CPU
+
+- ``P(hit)``: learnt online per (kind, level): ``kind`` names what predicted it (a search
+  policy, a LangGraph node), ``level`` how far below committed work it hangs; a Beta(1, 1)
+  prior, so a new kind starts at 0.5.
+- seconds a hit saves: its expected tokens x the step time at the current load: what the
+  critical path would spend generating it after the commit (plus what the client adds).
+- what a miss costs: its tokens x the step-time increase one more row causes, felt by every
+  row in flight, plus its reward (PRM) seconds. A hit costs nothing extra: the committed
+  search would have done the same work, later.
+- launch CPU: the executor's own seconds per launch, measured.
+
+The step time per load comes from a ``StepCurve`` learnt from the committed requests' own
+latency (so a remote server's curve is its own traffic's); before any is seen it has the
+roofline's shape: flat below the saturation batch, linear above.
+
+The queue launches while the best value is positive and there is room (the saturation batch
+less committed and speculative sequences in flight); freed room anywhere wakes it (no
+polling), and each event costs O(log Q) heap work. Committed load is the in-process count
+or, when the backend reports its serving engine's load, that figure less this process's
+speculation, whichever is larger: client processes on one server share its room.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["Dispatcher", "HitRates", "Offer", "StepCurve"]
+
+_MAX_LEVEL = 8  # levels past this share one hit rate
+_RATE_WINDOW = 512  # hit-rate counts halve past this many launches: recent behaviour wins
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One speculative sequence a client could start. ``launch()`` starts it now and says
+    whether it did (False: no longer wanted, e.g. its parent went away)."""
+
+    kind: str
+    level: int
+    tokens: float
+    launch: Callable[[], bool]
+    saved_s: float = 0.0  # critical-path seconds a hit saves besides its generation
+    reward_s: float = 0.0  # reward seconds scoring it costs (wasted on a miss)
+
+
+@dataclass
+class HitRates:
+    """Adopted / launched per (kind, level), halved past ``_RATE_WINDOW`` launches."""
+
+    counts: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+
+    def _slot(self, kind: str, level: int) -> list[float]:
+        key = (kind, min(max(level, 0), _MAX_LEVEL))
+        slot = self.counts.get(key)
+        if slot is None:
+            slot = self.counts[key] = [0.0, 0.0]
+        return slot
+
+    def rate(self, kind: str, level: int) -> float:
+        launched, hits = self._slot(kind, level)
+        return (hits + 1.0) / (launched + 2.0)
+
+    def launched(self, kind: str, level: int) -> None:
+        slot = self._slot(kind, level)
+        slot[0] += 1
+        if slot[0] > _RATE_WINDOW:
+            slot[0] /= 2
+            slot[1] /= 2
+
+    def hit(self, kind: str, level: int) -> None:
+        slot = self._slot(kind, level)
+        slot[1] = min(slot[0], slot[1] + 1)
+
+
+@dataclass
+class StepCurve:
+    """Seconds per generated token against rows in flight, learnt per power-of-two bucket
+    (moving averages) on the roofline's shape ``max(1, rows / saturation)``."""
+
+    saturation: int
+    scale: dict[int, float] = field(default_factory=dict)  # bucket -> s/token over the shape
+
+    def _shape(self, rows: float) -> float:
+        return max(1.0, rows / self.saturation)
+
+    @staticmethod
+    def _bucket(rows: float) -> int:
+        return max(0, math.ceil(math.log2(max(rows, 1.0))))
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.scale)
+
+    def observe(self, rows: float, seconds: float, tokens: int) -> None:
+        if tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
+            return
+        bucket = self._bucket(rows)
+        sample = seconds / tokens / self._shape(rows)
+        old = self.scale.get(bucket)
+        self.scale[bucket] = sample if old is None else 0.8 * old + 0.2 * sample
+
+    def step_s(self, rows: float) -> float:
+        """Seconds per token at ``rows`` in flight (1.0 x the shape before any sample)."""
+        if not self.scale:
+            return self._shape(rows)
+        bucket = self._bucket(rows)
+        nearest = min(self.scale, key=lambda b: (abs(b - bucket), b))
+        return float(self.scale[nearest] * self._shape(rows))
+
+    def marginal_s(self, rows: float) -> float:
+        """What one more row adds to a step at ``rows``: the slope between the buckets
+        measured around it, else the shape's."""
+        lower = [1 << b for b in self.scale if 1 << b <= max(rows, 1.0)]
+        upper = [1 << b for b in self.scale if 1 << b > max(rows, 1.0)]
+        if lower and upper:
+            lo, hi = max(lower), min(upper)
+            return max(0.0, (self.step_s(hi) - self.step_s(lo)) / (hi - lo))
+        return self.step_s(rows + 1) - self.step_s(rows)
+
+
+class Dispatcher:
+    """The speculation rule of one backend (see the module docstring)."""
+
+    def __init__(
+        self,
+        capacity: int,
+        load: Callable[[], float | None] = lambda: None,
+        clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.capacity = capacity
+        self.load = load
+        self.clock = clock  # thread CPU: what a launch costs the executor
+        self.curve = StepCurve(capacity)
+        self.rates = HitRates()
+        self.local_committed = 0
+        self.speculative: dict[str, int] = {}
+        self.peak_speculative = 0
+        self.launches = 0
+        self.cpu_s = 0.0  # moving average of one launch's executor CPU
+        self.mean_tokens = 0.0  # moving average of a committed request's tokens
+        self._heap: list[tuple[float, int, str, int, Offer]] = []
+        self._generation: dict[str, int] = {}  # client -> generation of its live offers
+        self._live: dict[str, int] = {}  # client -> offers of that generation in the heap
+        self._seq = itertools.count()
+        self._draining = False
+        self._again = False
+        self._waiters: list[asyncio.Future[None]] = []
+
+    # -- load -----------------------------------------------------------------------------
+    @property
+    def committed(self) -> int:
+        reported = self.load()
+        if reported is None:
+            return self.local_committed
+        others = math.ceil(reported) - sum(self.speculative.values())
+        return max(self.local_committed, others)
+
+    def rows(self) -> int:
+        return self.committed + sum(self.speculative.values())
+
+    def room(self) -> int:
+        return self.capacity - self.rows()
+
+    def committed_started(self) -> int:
+        """A committed request starts; returns the rows in flight, for its ``finished``."""
+        rows = self.rows()
+        self.local_committed += 1
+        return rows
+
+    def committed_finished(self, rows: int = 0, seconds: float = 0.0, tokens: int = 0) -> None:
+        """A committed request ended after ``seconds`` with ``tokens`` generated, having
+        started at ``rows`` in flight: a sample of the step curve."""
+        self.local_committed = max(0, self.local_committed - 1)
+        self.curve.observe(rows + 1, seconds, tokens)
+        if tokens > 0:
+            mean = self.mean_tokens
+            self.mean_tokens = tokens if not mean else 0.9 * mean + 0.1 * tokens
+        self._freed()
+
+    def started(self, client: str, count: int = 1) -> None:
+        self.speculative[client] = self.speculative.get(client, 0) + count
+        self.peak_speculative = max(self.peak_speculative, sum(self.speculative.values()))
+
+    def finished(self, client: str, count: int = 1) -> None:
+        self.speculative[client] = max(0, self.speculative.get(client, 0) - count)
+        self._freed()
+
+    # -- value ----------------------------------------------------------------------------
+    def value(self, offer: Offer) -> float:
+        p = self.rates.rate(offer.kind, offer.level)
+        rows = self.rows()
+        saved = offer.tokens * self.curve.step_s(rows + 1) + offer.saved_s
+        miss = offer.tokens * self.curve.marginal_s(rows) * max(rows, 1) + offer.reward_s
+        # Seconds only once the curve is measured: before, its unit is one step, and a
+        # launch's CPU seconds are not comparable with it.
+        cpu = self.cpu_s if self.curve.measured else 0.0
+        return p * saved - (1.0 - p) * miss - cpu
+
+    def hit(self, kind: str, level: int) -> None:
+        self.rates.hit(kind, level)
+
+    # -- the queue ------------------------------------------------------------------------
+    def offer(self, client: str, offers: list[Offer]) -> None:
+        """Replace ``client``'s queued candidates with ``offers`` and launch what fits."""
+        generation = self._generation.get(client, 0) + 1
+        self._generation[client] = generation
+        self._live[client] = len(offers)
+        for offer in offers:
+            entry = (-self.value(offer), next(self._seq), client, generation, offer)
+            heapq.heappush(self._heap, entry)
+        self._compact()
+        self._drain()
+
+    def try_start(self, client: str, offer: Offer) -> bool:
+        """Admit ``offer`` now, outside the queue, if it has positive value, there is room,
+        and no queued candidate is worth more (they go first). The caller starts it and
+        counts its sequences with ``started``."""
+        self._drain()
+        value = self.value(offer)
+        if self.room() <= 0 or value <= 0 or -self._best_queued() > value:
+            return False
+        self._launched(offer)
+        return True
+
+    def withdraw(self, client: str) -> None:
+        self._generation[client] = self._generation.get(client, 0) + 1
+        self._live.pop(client, None)
+
+    def forget(self, client: str) -> None:
+        """``client`` ended: its candidates go, its sequences are no longer counted."""
+        self.withdraw(client)
+        self._generation.pop(client, None)
+        if self.speculative.pop(client, 0):
+            self._freed()
+
+    def queued(self) -> int:
+        return sum(self._live.values())
+
+    async def wait_room(self) -> None:
+        """Until room frees anywhere on this backend (returns at once if there is some)."""
+        if self.room() > 0:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future
+        finally:
+            if future in self._waiters:
+                self._waiters.remove(future)
+
+    def _freed(self) -> None:
+        if self.room() <= 0:
+            return
+        self._drain()
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+
+    def _valid(self, client: str, generation: int) -> bool:
+        return self._generation.get(client) == generation
+
+    def _best_queued(self) -> float:
+        while self._heap and not self._valid(self._heap[0][2], self._heap[0][3]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else math.inf
+
+    def _drain(self) -> None:
+        # A launch can free or take room (and so call back here): one drain at a time,
+        # again if something changed during it.
+        if self._draining:
+            self._again = True
+            return
+        self._draining = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._drain_once()
+        finally:
+            self._draining = False
+
+    def _drain_once(self) -> None:
+        while self.room() > 0 and self._heap:
+            _, seq, client, generation, offer = heapq.heappop(self._heap)
+            if not self._valid(client, generation):
+                continue
+            self._live[client] -= 1
+            value = self.value(offer)
+            if value <= 0:  # the best is worth nothing now: wait for the load to change
+                self._live[client] += 1
+                heapq.heappush(self._heap, (-value, seq, client, generation, offer))
+                return
+            before = self.clock()
+            if offer.launch():
+                self._launched(offer)
+            spent = max(0.0, self.clock() - before)
+            self.cpu_s = spent if not self.launches else 0.9 * self.cpu_s + 0.1 * spent
+
+    def _launched(self, offer: Offer) -> None:
+        self.launches += 1
+        self.rates.launched(offer.kind, offer.level)
+
+    def _compact(self) -> None:
+        """Drop superseded entries once they outnumber the live ones 4 to 1 (each offer
+        supersedes its client's earlier ones), so the heap stays O(live)."""
+        if len(self._heap) > 64 + 4 * self.queued():
+            self._heap = [e for e in self._heap if self._valid(e[2], e[3])]
+            heapq.heapify(self._heap)

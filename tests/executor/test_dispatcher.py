@@ -1,0 +1,226 @@
+"""SPEX T2's one rule (``spec_tot.executor.dispatcher``): room never overbooked, candidates
+of every client in one queue by expected value, freed room wakes it, hit rates learnt per
+(kind, level), the step-cost curve learnt from traffic turning low-odds speculation off."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spec_tot.executor import Dispatcher, Offer
+from spec_tot.executor.dispatcher import HitRates, StepCurve
+
+
+class Launcher:
+    """Launch callbacks that start one sequence of ``client`` on ``dispatcher``."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.launched: list[tuple[str, str]] = []
+
+    def offer(self, client: str, name: str, kind: str = "k", level: int = 1) -> Offer:
+        def launch() -> bool:
+            self.dispatcher.started(client)
+            self.launched.append((client, name))
+            return True
+
+        return Offer(kind, level, 10.0, launch)
+
+
+def test_offers_launch_up_to_the_room_and_wait_for_freed_room() -> None:
+    d = Dispatcher(capacity=4)
+    for _ in range(2):
+        d.committed_started()
+    run = Launcher(d)
+    d.offer("a", [run.offer("a", f"a{i}") for i in range(5)])
+    assert len(run.launched) == 2 and d.room() == 0
+    assert d.queued() == 3
+    d.finished("a")  # freed room wakes the queue: no polling
+    assert len(run.launched) == 3 and d.room() == 0
+    d.committed_finished()
+    assert len(run.launched) == 4
+    for _ in range(6):  # committed past saturation: nothing launches, room never negative
+        d.committed_started()
+    d.finished("a")
+    assert len(run.launched) == 4
+
+
+def test_a_new_offer_supersedes_the_clients_queued_ones() -> None:
+    d = Dispatcher(capacity=1)
+    d.committed_started()
+    run = Launcher(d)
+    d.offer("a", [run.offer("a", "old")])
+    d.offer("a", [run.offer("a", "new")])
+    d.committed_finished()
+    assert run.launched == [("a", "new")]
+    d.withdraw("a")
+    d.offer("b", [])
+    assert d.queued() == 0
+
+
+def test_the_most_valuable_candidate_of_any_client_goes_first() -> None:
+    d = Dispatcher(capacity=1)
+    for _ in range(6):  # the "good" kind's guesses are adopted, the "bad" kind's not
+        d.rates.launched("good", 1)
+        d.rates.hit("good", 1)
+        d.rates.launched("bad", 1)
+    d.committed_started()
+    run = Launcher(d)
+    d.offer("q1", [run.offer("q1", "bad", kind="bad")])
+    d.offer("q2", [run.offer("q2", "good", kind="good")])
+    d.committed_finished()
+    assert run.launched == [("q2", "good")]
+    assert not d.try_start("q3", run.offer("q3", "x", kind="bad"))  # no room left
+
+
+def test_try_start_yields_to_queued_candidates_worth_more() -> None:
+    d = Dispatcher(capacity=2)
+    for _ in range(6):
+        d.rates.launched("good", 1)
+        d.rates.hit("good", 1)
+    run = Launcher(d)
+    d.committed_started()
+    d.committed_started()
+    d.offer("tree", [run.offer("tree", "good", kind="good")])  # queued: no room
+    d.committed_finished()  # room for one: the queued, better candidate takes it
+    assert run.launched == [("tree", "good")]
+    assert not d.try_start("graph", run.offer("graph", "x", kind="new"))
+    d.committed_finished()
+    assert d.try_start("graph", run.offer("graph", "x", kind="new"))
+
+
+def test_a_launch_that_is_no_longer_wanted_takes_no_room() -> None:
+    d = Dispatcher(capacity=2)
+    d.offer("a", [Offer("k", 1, 5.0, lambda: False), Offer("k", 1, 5.0, lambda: False)])
+    assert d.room() == 2 and d.launches == 0 and d.queued() == 0
+
+
+def test_hit_rates_per_kind_and_level_with_a_window() -> None:
+    rates = HitRates()
+    assert rates.rate("beam", 1) == 0.5  # Beta(1, 1) prior
+    for _ in range(4):
+        rates.launched("beam", 1)
+        rates.hit("beam", 1)
+        rates.launched("beam", 2)
+    assert rates.rate("beam", 1) == pytest.approx(5 / 6)
+    assert rates.rate("beam", 2) == pytest.approx(1 / 6)
+    assert rates.rate("rebase", 1) == 0.5
+    for _ in range(2000):  # counts halve: the rate follows what happens now
+        rates.launched("beam", 1)
+    assert rates.rate("beam", 1) < 0.05
+    assert max(c[0] for c in rates.counts.values()) <= 512
+
+
+def test_a_steep_measured_curve_stops_low_odds_speculation() -> None:
+    """On an engine whose step time grows with every row (compute-bound, as the CPU engine
+    is), a kind that misses costs more than it saves: the dispatcher launches none of it,
+    and still launches a kind that hits."""
+    d = Dispatcher(capacity=64)
+    for rows in (1, 2, 4, 8, 16, 32):
+        for _ in range(3):
+            d.curve.observe(rows, seconds=0.01 * rows, tokens=1)  # linear in rows
+    for _ in range(40):
+        d.rates.launched("miss", 1)
+        d.rates.launched("hit", 1)
+        d.rates.hit("hit", 1)
+    for _ in range(8):
+        d.committed_started()
+    run = Launcher(d)
+    d.offer("a", [run.offer("a", "m", kind="miss"), run.offer("a", "h", kind="hit")])
+    assert run.launched == [("a", "h")]
+    assert d.queued() == 1  # kept: the load may change
+    flat = Dispatcher(capacity=64)  # a flat curve (memory-bound GPU): misses cost ~nothing
+    for rows in (1, 2, 4, 8, 16, 32):
+        flat.curve.observe(rows, seconds=0.01, tokens=1)
+    flat.rates.counts.update(d.rates.counts)
+    for _ in range(8):
+        flat.committed_started()
+    run = Launcher(flat)
+    flat.offer("a", [run.offer("a", "m", kind="miss")])
+    assert run.launched == [("a", "m")]
+
+
+def test_step_curve_shape_before_and_after_samples() -> None:
+    curve = StepCurve(saturation=8)
+    assert curve.step_s(4) == 1.0 and curve.step_s(16) == 2.0  # the roofline's shape
+    assert curve.marginal_s(4) == 0.0 and curve.marginal_s(16) > 0.0
+    curve.observe(1, seconds=0.02, tokens=2)
+    curve.observe(16, seconds=0.8, tokens=20)
+    assert curve.step_s(1) == pytest.approx(0.01)
+    assert curve.marginal_s(4) > 0.0  # measured between buckets 1 and 16
+    curve.observe(4, seconds=float("nan"), tokens=3)  # no sample from nonsense
+    curve.observe(4, seconds=1.0, tokens=0)
+    assert set(curve.scale) == {0, 4}
+
+
+def test_reported_load_counts_other_clients() -> None:
+    d = Dispatcher(capacity=8, load=lambda: 5.0)
+    d.started("a", 2)  # this process's speculation is part of the reported load
+    assert d.committed == 3 and d.room() == 3
+    full = Dispatcher(capacity=4, load=lambda: 4.0)
+    run = Launcher(full)
+    full.offer("a", [run.offer("a", "x")])
+    assert run.launched == []
+
+
+async def test_wait_room_wakes_when_room_frees() -> None:
+    d = Dispatcher(capacity=1)
+    d.started("a")
+    waiter = asyncio.ensure_future(d.wait_room())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+    d.finished("a")
+    await asyncio.wait_for(waiter, 1.0)
+    await d.wait_room()  # room now: returns at once
+
+
+def test_superseded_entries_do_not_pile_up() -> None:
+    """Each event re-offers; the heap stays within a constant of the live offers."""
+    d = Dispatcher(capacity=1)
+    d.committed_started()
+    run = Launcher(d)
+    for round_ in range(500):
+        for q in range(8):
+            d.offer(f"q{q}", [run.offer(f"q{q}", f"{round_}") for _ in range(3)])
+    assert d.queued() == 24
+    assert len(d._heap) <= 64 + 4 * 24 + 3
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacity=st.integers(1, 16),
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["offer", "try", "finish", "commit", "uncommit", "hit", "forget"]),
+            st.sampled_from(["a", "b", "c"]),
+            st.integers(0, 6),
+        ),
+        max_size=40,
+    ),
+)
+def test_speculation_never_overbooks_under_any_sequence(
+    capacity: int, ops: list[tuple[str, str, int]]
+) -> None:
+    d = Dispatcher(capacity=capacity)
+    run = Launcher(d)
+    for op, q, n in ops:
+        if op == "offer":
+            d.offer(q, [run.offer(q, str(i)) for i in range(n)])
+        elif op == "try" and d.try_start(q, run.offer(q, "t")):
+            d.started(q)
+        elif op == "finish" and d.speculative.get(q, 0):
+            d.finished(q)
+        elif op == "commit":
+            d.committed_started()
+        elif op == "uncommit" and d.local_committed:
+            d.committed_finished()
+        elif op == "hit":
+            d.hit("k", 1)
+        elif op == "forget":
+            d.forget(q)
+        assert 0.0 < d.rates.rate("k", 1) < 1.0
+        # each launch needs room below the saturation batch: speculation never overbooks
+        assert sum(d.speculative.values()) <= capacity
