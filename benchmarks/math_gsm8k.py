@@ -14,8 +14,15 @@ a 90% Wilson interval, generated tokens per problem, wall seconds.
 over ``--rounds`` interleaved rounds (``spec_tot.rounds``): queries/s, the ratios to
 ``dedup`` with intervals, and whether each mode's answers are the same in every round.
 
+``drafter``: token speculation's prompt-lookup drafter on these texts: ``full`` on
+``--mode-problems`` problems with no drafter (``ngram_max=0``, the default) and with
+prompt lookup (``ngram_max`` 4, n-grams of 2..4 tokens), each run on a fresh engine, over
+``--rounds`` interleaved rounds: queries/s (ratio to no drafter), drafted and accepted
+tokens, the acceptance rate, and whether the answers are the same.
+
     python benchmarks/math_gsm8k.py accuracy --problems 100 --json results/math_gsm8k_accuracy.json
     python benchmarks/math_gsm8k.py modes --mode-problems 10 --rounds 3 --json ...
+    python benchmarks/math_gsm8k.py drafter --mode-problems 8 --rounds 3 --json ...
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from spec_tot.config import ExecutorConfig
 from spec_tot.graphs.math import PROGRAM, compile_math, math_inputs
 from spec_tot.rounds import Run, schedule_rounds, summarize_rounds, summary_line
 
-__all__ = ["METHODS", "main", "wilson"]
+__all__ = ["DRAFTERS", "METHODS", "main", "wilson"]
 
 METHODS: dict[str, tuple[str, dict[str, Any], float]] = {
     "greedy": ("best_of_n", {"n": 1, "max_depth": 10, "vote": "best"}, 0.0),
@@ -110,9 +117,46 @@ async def modes(args: argparse.Namespace) -> dict[str, Any]:
             "summary": f"{args.method} x{args.mode_problems}: {summary_line(cells)}"}  # fmt: skip
 
 
+DRAFTERS: dict[str, dict[str, Any]] = {"none": {}, "lookup": {"ngram_max": 4, "ngram_min": 2}}
+
+
+async def drafter(args: argparse.Namespace) -> dict[str, Any]:
+    runs: list[Run] = []
+    for rnd, name in schedule_rounds(list(DRAFTERS), args.rounds, args.seed):
+        options = {**PROGRAM.backend_options("local"), **DRAFTERS[name]}
+        backend = default_registry().create("local", **options)
+        try:
+            row = await _run(backend, args.method, args.mode_problems, "full", args.seed)
+            stats = backend.stats()
+        finally:
+            await backend.aclose()
+        drafted, accepted = (
+            stats.get("num_draft_tokens", 0.0),
+            stats.get("num_accepted_tokens", 0.0),
+        )
+        row.update(drafter=name, draft_tokens=drafted, accepted_tokens=accepted,
+                   acceptance=accepted / drafted if drafted else None)  # fmt: skip
+        print(f"round {rnd} {name}: {row['queries_per_s']:.3f} q/s, drafted {drafted:.0f}, "
+              f"accepted {accepted:.0f}", flush=True)  # fmt: skip
+        runs.append(Run(rnd, name, row))
+    cells = summarize_rounds(runs, lambda m: None if m == "none" else "none")
+    measured = [r.figures for r in runs if r.round and r.cell == "lookup"]
+    drafted = sum(f["draft_tokens"] for f in measured)
+    accepted = sum(f["accepted_tokens"] for f in measured)
+    answers = {tuple(r.figures["answers"]) for r in runs if r.round}
+    rate = accepted / drafted if drafted else 0.0
+    return {"runs": [{"round": r.round, **r.figures} for r in runs],
+            "cells": {k: v.to_dict() for k, v in cells.items()},
+            "lookup_drafted": drafted, "lookup_accepted": accepted, "lookup_acceptance": rate,
+            "same_answers": len(answers) == 1,
+            "summary": f"{args.method} x{args.mode_problems} prompt lookup: acceptance "
+                       f"{rate:.2f} ({accepted:.0f}/{drafted:.0f}); "
+                       f"{summary_line(cells)}"}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["accuracy", "modes"])
+    ap.add_argument("what", choices=["accuracy", "modes", "drafter"])
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--method", default="rebase", choices=list(METHODS))
@@ -121,7 +165,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    result = asyncio.run(accuracy(args) if args.what == "accuracy" else modes(args))
+    job = {"accuracy": accuracy, "modes": modes, "drafter": drafter}[args.what]
+    result = asyncio.run(job(args))
     result["config"] = vars(args)
     print(result["summary"])
     if args.json:

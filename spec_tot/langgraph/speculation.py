@@ -203,6 +203,8 @@ class Speculator:
         """Start ``task`` (prepared on ``world``) speculatively, if a slot is free."""
         if not self.slots.idle:
             return None  # busy: speculation would slow the real path down
+        if not self._under_max_concurrency():
+            return None
         # Hit rates are learnt per node, and per level: a prediction from the real partial
         # pool is one step ahead, one built on speculative steps more.
         kind, level = f"langgraph:{task.name}", 1 if exact else 2
@@ -236,6 +238,22 @@ class Speculator:
         entry.future.add_done_callback(functools.partial(self._on_entry_done, entry))
         self.table.add(entry)
         return entry
+
+    def _under_max_concurrency(self) -> bool:
+        """The run's ``max_concurrency`` bounds its speculative tasks too: the real step's
+        unfinished tasks (running, or waiting for LangGraph's slots) and the speculative
+        runs not yet ended stay within it."""
+        limit = self.config.get("max_concurrency")
+        view = self.table.view
+        if limit is None or view is None:
+            return True
+        unfinished = len(view.tasks) - len(view.finished_writes())
+        ahead = sum(
+            1
+            for e in self.table.live()
+            if e.future is not None and not e.future.done() and not e.adopted
+        )
+        return unfinished + ahead < limit
 
     async def _run(self, entry: Entry) -> None:
         speculating.set(entry)

@@ -177,3 +177,47 @@ def test_backend_given_to_from_langgraph_is_checked() -> None:
     assert unknown.dispatchers() == [unknown.own] and unknown.own.capacity == 16
     with pytest.raises(ConfigError, match="backend: expected a spec-tot GenerationBackend"):
         from_langgraph(search_graph(ChatSpecTot(backend=backend)), backend="local")
+
+
+class Fan(TypedDict, total=False):
+    items: Annotated[list[str], operator.add]
+
+
+async def test_speculative_tasks_count_against_max_concurrency() -> None:
+    """LangGraph's ``test_max_concurrency`` with every node speculable: a fan-out of 40
+    ``Send``s then a second one per item, run with ``max_concurrency=6``; real and
+    speculative calls together never pass 6 at once, and the answer is LangGraph's."""
+    now = {"running": 0, "peak": 0}
+
+    async def work(state: dict[str, Any]) -> dict[str, Any]:
+        now["running"] += 1
+        now["peak"] = max(now["peak"], now["running"])
+        await asyncio.sleep(0.002 * (1 + hash(state["item"]) % 5))
+        now["running"] -= 1
+        return {"items": [state["item"] + "!"]}
+
+    def fan_out(state: Fan) -> list[Send]:
+        return [Send("work", {"item": f"{i}"}) for i in range(40)]
+
+    def fan_again(state: Fan) -> list[Send]:
+        return [Send("again", {"item": i}) for i in state.get("items", [])]
+
+    marked = {"metadata": {"spec_tot": {"kind": "thought"}}}
+    builder = StateGraph(Fan)
+    builder.add_node("start", lambda s: {}, **marked)
+    builder.add_node("work", work, **marked)
+    builder.add_node("again", work, **marked)
+    builder.add_edge(START, "start")
+    builder.add_conditional_edges("start", fan_out, ["work"])
+    builder.add_conditional_edges("work", fan_again, ["again"])
+    builder.add_edge("again", END)
+    graph = builder.compile()
+    expected = await graph.ainvoke({}, {"max_concurrency": 6})
+    assert now["peak"] == 6  # LangGraph itself uses the whole limit
+    now["peak"] = 0
+    app = from_langgraph(graph, mode="full")
+    result = await app.ainvoke({}, {"max_concurrency": 6})
+    assert sorted(result["items"]) == sorted(expected["items"])
+    assert 0 < now["peak"] <= 6
+    totals = speculation_of(app).totals
+    assert totals.speculative > 0 and totals.adopted > 0  # it did run ahead
