@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spec_tot.errors import ExecutionError
@@ -51,7 +51,7 @@ class QueryController:
         self._round: list[Node] = []  # committed children of the latest commit
         self._truncated = False
         self._speculate_soon = False
-        self._levels: dict[str, int] = {}  # speculative child -> its level at launch
+        self._offers: dict[str, Offer] = {}  # speculative child -> the offer it launched as
         self._mean_tokens = 0.0  # moving average of a finished node's tokens
         # Without T2 a prediction still asks for no more than one saturated batch: MCTS
         # prediction simulates a selection per slot, and its CPU cost grows with the ask.
@@ -148,9 +148,9 @@ class QueryController:
         ctx.emit("speculative_hit", child)
         child.speculative = False
         ctx.recorder.speculative_hits += 1
-        level = self._levels.pop(child.id, None)
-        if level is not None:
-            ctx.dispatcher.hit(self.policy.name, level)
+        offer = self._offers.pop(child.id, None)
+        if offer is not None:
+            ctx.dispatcher.hit(offer)
         self._round.append(child)
         self._outstanding += 1
         branches.adopted(child)
@@ -209,20 +209,22 @@ class QueryController:
             level = _level(parent) + 1
             if width <= 0 or level > spec.max_spec_depth:
                 continue
-            launch = functools.partial(self._launch, parent, len(parent.children) + width, level)
-            offers.extend(self._offer(parent, level, launch) for _ in range(width))
+            target = len(parent.children) + width
+            offers.extend(self._offer(parent, level, target, c.utility) for _ in range(width))
         if spec.budget:
             ctx.dispatcher.offer(ctx.query_id, offers[:room])
             return
         for offer in offers[:room]:
-            offer.launch()
+            offer.launch(offer)
 
-    def _offer(self, parent: Node, level: int, launch: Callable[[], bool]) -> Offer:
+    def _offer(self, parent: Node, level: int, target: int, utility: float) -> Offer:
         # A child's length is unknown until generated: its parent's is the best guess.
         tokens = parent.num_tokens or self._mean_tokens or 1.0
-        return Offer(self.policy.name, level, tokens, launch, reward_s=self.ctx.rewards.item_s)
+        launch = functools.partial(self._launch, parent, target)
+        reward_s = self.ctx.rewards.item_s
+        return Offer(self.policy.name, level, tokens, launch, reward_s=reward_s, confidence=utility)
 
-    def _launch(self, parent: Node, target: int, level: int) -> bool:
+    def _launch(self, parent: Node, target: int, offer: Offer) -> bool:
         """Start one speculative child of ``parent`` if it still lacks one (up to ``target``
         children) and this query may still speculate."""
         ctx = self.ctx
@@ -238,7 +240,7 @@ class QueryController:
         ):
             return False
         child = self.tree.add_child(parent, speculative=True)
-        self._levels[child.id] = level
+        self._offers[child.id] = offer
         self.branches.start(child, parent)
         return True
 

@@ -7,9 +7,10 @@ one priority queue keyed by its expected value::
 
     value = P(hit) x seconds a hit saves  -  (1 - P(hit)) x what a miss costs  -  launch CPU
 
-- ``P(hit)``: learnt online per (kind, level): ``kind`` names what predicted it (a search
-  policy, a LangGraph node), ``level`` how far below committed work it hangs; a Beta(1, 1)
-  prior, so a new kind starts at 0.5.
+- ``P(hit)``: learnt online per (kind, level, confidence): ``kind`` names what predicted it
+  (a search policy, a LangGraph node), ``level`` how far below committed work it hangs,
+  ``confidence`` the predictor's own estimate (a policy's utility in [0, 1], in quarters):
+  the rate calibrates it. A Beta(1, 1) prior, so a new slot starts at 0.5.
 - seconds a hit saves: its expected tokens x the step time at the current load: what the
   critical path would spend generating it after the commit (plus what the client adds).
 - what a miss costs: its tokens x the step-time increase one more row causes, felt by every
@@ -41,49 +42,56 @@ from dataclasses import dataclass, field
 __all__ = ["Dispatcher", "HitRates", "Offer", "StepCurve"]
 
 _MAX_LEVEL = 8  # levels past this share one hit rate
+_BANDS = 4  # confidence bands of the predictor's own estimate
 _RATE_WINDOW = 512  # hit-rate counts halve past this many launches: recent behaviour wins
 
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """One speculative sequence a client could start. ``launch()`` starts it now and says
-    whether it did (False: no longer wanted, e.g. its parent went away)."""
+    """One speculative sequence a client could start. ``launch(offer)`` starts it now and
+    says whether it did (False: no longer wanted, e.g. its parent went away)."""
 
     kind: str
     level: int
     tokens: float
-    launch: Callable[[], bool]
+    launch: Callable[[Offer], bool]
     saved_s: float = 0.0  # critical-path seconds a hit saves besides its generation
     reward_s: float = 0.0  # reward seconds scoring it costs (wasted on a miss)
+    confidence: float = 1.0  # the predictor's own estimate that it is needed, in [0, 1]
+
+    @property
+    def slot(self) -> tuple[str, int, int]:
+        """Where its hit rate is learnt: kind, level, confidence band."""
+        band = min(_BANDS - 1, max(0, int(self.confidence * _BANDS)))
+        return self.kind, min(max(self.level, 0), _MAX_LEVEL), band
 
 
 @dataclass
 class HitRates:
-    """Adopted / launched per (kind, level), halved past ``_RATE_WINDOW`` launches."""
+    """Adopted / launched per slot (``Offer.slot``), halved past ``_RATE_WINDOW`` launches."""
 
-    counts: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    counts: dict[tuple[str, int, int], list[float]] = field(default_factory=dict)
 
-    def _slot(self, kind: str, level: int) -> list[float]:
-        key = (kind, min(max(level, 0), _MAX_LEVEL))
-        slot = self.counts.get(key)
-        if slot is None:
-            slot = self.counts[key] = [0.0, 0.0]
-        return slot
+    def _counts(self, slot: tuple[str, int, int]) -> list[float]:
+        counts = self.counts.get(slot)
+        if counts is None:
+            counts = self.counts[slot] = [0.0, 0.0]
+        return counts
 
-    def rate(self, kind: str, level: int) -> float:
-        launched, hits = self._slot(kind, level)
+    def rate(self, slot: tuple[str, int, int]) -> float:
+        launched, hits = self._counts(slot)
         return (hits + 1.0) / (launched + 2.0)
 
-    def launched(self, kind: str, level: int) -> None:
-        slot = self._slot(kind, level)
-        slot[0] += 1
-        if slot[0] > _RATE_WINDOW:
-            slot[0] /= 2
-            slot[1] /= 2
+    def launched(self, slot: tuple[str, int, int]) -> None:
+        counts = self._counts(slot)
+        counts[0] += 1
+        if counts[0] > _RATE_WINDOW:
+            counts[0] /= 2
+            counts[1] /= 2
 
-    def hit(self, kind: str, level: int) -> None:
-        slot = self._slot(kind, level)
-        slot[1] = min(slot[0], slot[1] + 1)
+    def hit(self, slot: tuple[str, int, int]) -> None:
+        counts = self._counts(slot)
+        counts[1] = min(counts[0], counts[1] + 1)
 
 
 @dataclass
@@ -201,7 +209,7 @@ class Dispatcher:
 
     # -- value ----------------------------------------------------------------------------
     def value(self, offer: Offer) -> float:
-        p = self.rates.rate(offer.kind, offer.level)
+        p = self.rates.rate(offer.slot)
         rows = self.rows()
         saved = offer.tokens * self.curve.step_s(rows + 1) + offer.saved_s
         miss = offer.tokens * self.curve.marginal_s(rows) * max(rows, 1) + offer.reward_s
@@ -210,8 +218,9 @@ class Dispatcher:
         cpu = self.cpu_s if self.curve.measured else 0.0
         return p * saved - (1.0 - p) * miss - cpu
 
-    def hit(self, kind: str, level: int) -> None:
-        self.rates.hit(kind, level)
+    def hit(self, offer: Offer) -> None:
+        """A launched ``offer`` was adopted."""
+        self.rates.hit(offer.slot)
 
     # -- the queue ------------------------------------------------------------------------
     def offer(self, client: str, offers: list[Offer]) -> None:
@@ -306,14 +315,14 @@ class Dispatcher:
                 heapq.heappush(self._heap, (-value, seq, client, generation, offer))
                 return
             before = self.clock()
-            if offer.launch():
+            if offer.launch(offer):
                 self._launched(offer)
             spent = max(0.0, self.clock() - before)
             self.cpu_s = spent if not self.launches else 0.9 * self.cpu_s + 0.1 * spent
 
     def _launched(self, offer: Offer) -> None:
         self.launches += 1
-        self.rates.launched(offer.kind, offer.level)
+        self.rates.launched(offer.slot)
 
     def _compact(self) -> None:
         """Drop superseded entries once they outnumber the live ones 4 to 1 (each offer

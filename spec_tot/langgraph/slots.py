@@ -133,11 +133,10 @@ class Lease:
     """What one speculative task holds: its place in the app's count (until adopted or
     ended), one sequence reserved at launch on each dispatcher in ``reserved`` (a thought
     task's first model call uses it), and, while its calls run, one sequence per sample of
-    each call. ``kind`` and ``level`` are what its hit is learnt under."""
+    each call. ``offer`` is what it launched as (its hit is learnt under it)."""
 
     run: RunSlots
-    kind: str
-    level: int
+    offer: Offer
     launched_on: list[Dispatcher]
     reserved: list[Dispatcher] = field(default_factory=list)
     counted: bool = True
@@ -149,7 +148,7 @@ class Lease:
         self.adoption.set()
         self.release()
         for dispatcher in self.launched_on:
-            dispatcher.hit(self.kind, self.level)
+            dispatcher.hit(self.offer)
 
     def release(self) -> None:
         self.uncount()
@@ -204,7 +203,7 @@ class RunSlots:
         for dispatcher in admitted:
             dispatcher.started(self.key)
         app.used += 1
-        return Lease(self, kind, level, launched_on=admitted, reserved=list(admitted))
+        return Lease(self, offer, launched_on=admitted, reserved=list(admitted))
 
     @contextlib.asynccontextmanager
     async def admit(
@@ -249,7 +248,7 @@ class RunSlots:
         self.app.own.forget(self.key)
 
 
-def _started() -> bool:
+def _started(_offer: Offer) -> bool:
     return True  # a run's task starts in the caller, once admitted
 
 

@@ -123,7 +123,7 @@ async def test_the_dispatcher_learns_hit_rates_across_queries() -> None:
     for i in range(3):
         assert (await app.ainvoke({"question": f"p{i}"})).status == "ok"
     dispatcher = hub_for(backend).dispatcher
-    launched = sum(c[0] for (kind, _), c in dispatcher.rates.counts.items() if kind == "rebase")
+    launched = sum(c[0] for (kind, _, _), c in dispatcher.rates.counts.items() if kind == "rebase")
     assert launched == dispatcher.launches > 0
     assert dispatcher.curve.measured  # committed requests sampled the step curve
     assert dispatcher.queued() == 0 and dispatcher.speculative == {}  # queries forgotten

@@ -22,7 +22,7 @@ class Launcher:
         self.launched: list[tuple[str, str]] = []
 
     def offer(self, client: str, name: str, kind: str = "k", level: int = 1) -> Offer:
-        def launch() -> bool:
+        def launch(_offer: Offer) -> bool:
             self.dispatcher.started(client)
             self.launched.append((client, name))
             return True
@@ -64,9 +64,9 @@ def test_a_new_offer_supersedes_the_clients_queued_ones() -> None:
 def test_the_most_valuable_candidate_of_any_client_goes_first() -> None:
     d = Dispatcher(capacity=1)
     for _ in range(6):  # the "good" kind's guesses are adopted, the "bad" kind's not
-        d.rates.launched("good", 1)
-        d.rates.hit("good", 1)
-        d.rates.launched("bad", 1)
+        d.rates.launched(("good", 1, 3))
+        d.rates.hit(("good", 1, 3))
+        d.rates.launched(("bad", 1, 3))
     d.committed_started()
     run = Launcher(d)
     d.offer("q1", [run.offer("q1", "bad", kind="bad")])
@@ -79,8 +79,8 @@ def test_the_most_valuable_candidate_of_any_client_goes_first() -> None:
 def test_try_start_yields_to_queued_candidates_worth_more() -> None:
     d = Dispatcher(capacity=2)
     for _ in range(6):
-        d.rates.launched("good", 1)
-        d.rates.hit("good", 1)
+        d.rates.launched(("good", 1, 3))
+        d.rates.hit(("good", 1, 3))
     run = Launcher(d)
     d.committed_started()
     d.committed_started()
@@ -94,23 +94,35 @@ def test_try_start_yields_to_queued_candidates_worth_more() -> None:
 
 def test_a_launch_that_is_no_longer_wanted_takes_no_room() -> None:
     d = Dispatcher(capacity=2)
-    d.offer("a", [Offer("k", 1, 5.0, lambda: False), Offer("k", 1, 5.0, lambda: False)])
+    d.offer("a", [Offer("k", 1, 5.0, lambda o: False), Offer("k", 1, 5.0, lambda o: False)])
     assert d.room() == 2 and d.launches == 0 and d.queued() == 0
+
+
+def test_an_offer_learns_in_its_kind_level_and_confidence_band() -> None:
+    low = Offer("beam", 2, 1.0, lambda o: True, confidence=0.1)
+    assert low.slot == ("beam", 2, 0)
+    assert Offer("beam", 20, 1.0, lambda o: True, confidence=7.0).slot == ("beam", 8, 3)
+    d = Dispatcher(capacity=4)
+    for _ in range(5):
+        d.offer("q", [low])
+        d.hit(low)
+        d.finished("q") if d.speculative.get("q") else None
+    assert d.rates.rate(low.slot) > 0.8 and d.rates.rate(("beam", 2, 3)) == 0.5
 
 
 def test_hit_rates_per_kind_and_level_with_a_window() -> None:
     rates = HitRates()
-    assert rates.rate("beam", 1) == 0.5  # Beta(1, 1) prior
+    assert rates.rate(("beam", 1, 3)) == 0.5  # Beta(1, 1) prior
     for _ in range(4):
-        rates.launched("beam", 1)
-        rates.hit("beam", 1)
-        rates.launched("beam", 2)
-    assert rates.rate("beam", 1) == pytest.approx(5 / 6)
-    assert rates.rate("beam", 2) == pytest.approx(1 / 6)
-    assert rates.rate("rebase", 1) == 0.5
+        rates.launched(("beam", 1, 3))
+        rates.hit(("beam", 1, 3))
+        rates.launched(("beam", 2, 3))
+    assert rates.rate(("beam", 1, 3)) == pytest.approx(5 / 6)
+    assert rates.rate(("beam", 2, 3)) == pytest.approx(1 / 6)
+    assert rates.rate(("rebase", 1, 3)) == 0.5
     for _ in range(2000):  # counts halve: the rate follows what happens now
-        rates.launched("beam", 1)
-    assert rates.rate("beam", 1) < 0.05
+        rates.launched(("beam", 1, 3))
+    assert rates.rate(("beam", 1, 3)) < 0.05
     assert max(c[0] for c in rates.counts.values()) <= 512
 
 
@@ -123,9 +135,9 @@ def test_a_steep_measured_curve_stops_low_odds_speculation() -> None:
         for _ in range(3):
             d.curve.observe(rows, seconds=0.01 * rows, tokens=1)  # linear in rows
     for _ in range(40):
-        d.rates.launched("miss", 1)
-        d.rates.launched("hit", 1)
-        d.rates.hit("hit", 1)
+        d.rates.launched(("miss", 1, 3))
+        d.rates.launched(("hit", 1, 3))
+        d.rates.hit(("hit", 1, 3))
     for _ in range(8):
         d.committed_started()
     run = Launcher(d)
@@ -218,9 +230,9 @@ def test_speculation_never_overbooks_under_any_sequence(
         elif op == "uncommit" and d.local_committed:
             d.committed_finished()
         elif op == "hit":
-            d.hit("k", 1)
+            d.hit(run.offer(q, "h"))
         elif op == "forget":
             d.forget(q)
-        assert 0.0 < d.rates.rate("k", 1) < 1.0
+        assert 0.0 < d.rates.rate(("k", 1, 3)) < 1.0
         # each launch needs room below the saturation batch: speculation never overbooks
         assert sum(d.speculative.values()) <= capacity
