@@ -23,6 +23,7 @@ __all__ = [
     "ConfigError",
     "ExecutionError",
     "GraphValidationError",
+    "IllegalTransition",
     "QueryTimeoutError",
     "SpecTotError",
     "UnknownNameError",
@@ -60,6 +61,15 @@ class UnknownNameError(SpecTotError, ValueError):
 
 class ExecutionError(SpecTotError, RuntimeError):
     """A query could not run to completion."""
+
+
+class IllegalTransition(ExecutionError):
+    """The executor asked a search tree for a move its node's state does not allow (a bug
+    in the executor, never in the user's input): the message names the node and the move."""
+
+    def __init__(self, node_id: str, move: str, status: str) -> None:
+        self.node_id = node_id
+        super().__init__(f"node {node_id!r}: cannot {move} a {status} node")
 
 
 class BackendError(ExecutionError):

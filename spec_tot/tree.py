@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
-from spec_tot.errors import ConfigError
+from spec_tot.errors import ConfigError, IllegalTransition
 
 __all__ = [
     "Aggregation",
@@ -154,7 +154,15 @@ class Node:
 
 class SearchTree:
     """All nodes of one query. ``snapshot()`` is a structural copy (statistics included) for
-    callers that want to experiment on a tree without touching it."""
+    callers that want to experiment on a tree without touching it.
+
+    The tree owns its nodes' lifecycle: a node's ``status`` and ``speculative`` flag change
+    only through its transitions (``start``, ``add_child(speculative=True)``, ``adopt``,
+    ``score``, ``prune``, ``cancel``, ``revive``), each of which refuses a move its node's
+    state does not allow (``IllegalTransition``). A node is speculative from its creation
+    until adopted, whatever its status (``SPECULATIVE`` while it runs or waits, ``CANCELLED``
+    once cancelled): ``speculative`` says which search it belongs to, ``status`` where it is.
+    """
 
     def __init__(self, query_id: str, question: str, state: dict[str, Any] | None = None) -> None:
         if not query_id or "/" in query_id:
@@ -199,6 +207,63 @@ class SearchTree:
         parent.children.append(child)
         self._nodes[child.id] = child
         return child
+
+    # -- transitions --------------------------------------------------------------------------
+    def start(self, node: Node) -> None:
+        """A committed node's generation starts."""
+        self._move(node, "start", NodeStatus.RUNNING, {NodeStatus.PENDING}, speculative=False)
+
+    def adopt(self, node: Node, status: NodeStatus) -> None:
+        """A speculative node becomes committed: ``RUNNING`` (its run goes on, or derives
+        again), ``SCORED`` (its run ended with its real reward) or ``CANCELLED`` (it failed,
+        as the baseline's node would have)."""
+        if status not in (NodeStatus.RUNNING, NodeStatus.SCORED, NodeStatus.CANCELLED):
+            raise IllegalTransition(node.id, f"adopt as {status.value}", node.status.value)
+        legal = {NodeStatus.SPECULATIVE, NodeStatus.CANCELLED}
+        self._move(node, "adopt", status, legal, speculative=True)
+        node.speculative = False
+
+    def score(self, node: Node) -> None:
+        """A committed node's run ended with its real reward."""
+        self._move(node, "score", NodeStatus.SCORED, {NodeStatus.RUNNING}, speculative=False)
+
+    def prune(self, node: Node) -> None:
+        """A scored committed node is dropped (early pruning)."""
+        self._move(node, "prune", NodeStatus.PRUNED, {NodeStatus.SCORED}, speculative=False)
+
+    def cancel(self, node: Node) -> None:
+        """A node stops: failed, cancelled, mis-speculated, or its query ended. A scored or
+        pruned committed node is past cancelling (its result stands); cancelling a
+        cancelled node changes nothing."""
+        if node.status is NodeStatus.CANCELLED:
+            return
+        legal = {NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.SPECULATIVE, NodeStatus.DONE}
+        self._move(node, "cancel", NodeStatus.CANCELLED, legal)
+
+    def revive(self, node: Node) -> None:
+        """A node derives again (its parent's walk changed, or it was adopted stale): a
+        cancelled one runs again as what it is; a running one goes on."""
+        if node.status is NodeStatus.CANCELLED:
+            node.status = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
+        elif node.status not in (NodeStatus.RUNNING, NodeStatus.SPECULATIVE):
+            raise IllegalTransition(node.id, "revive", node.status.value)
+
+    def _move(
+        self,
+        node: Node,
+        move: str,
+        to: NodeStatus,
+        legal: set[NodeStatus],
+        speculative: bool | None = None,
+    ) -> None:
+        """``node`` goes to ``to`` if its status is in ``legal`` (and, if given, its
+        ``speculative`` flag is that): the one place a status changes."""
+        if node.status not in legal or (
+            speculative is not None and node.speculative != speculative
+        ):
+            kind = "speculative " if node.speculative else ""
+            raise IllegalTransition(node.id, move, f"{kind}{node.status.value}")
+        node.status = to
 
     def detach_children(self, parent: Node) -> list[Node]:
         """Take every child of ``parent`` (all speculative: ``parent`` was never expanded)

@@ -63,14 +63,13 @@ class BranchRunner:
             ctx.recorder.speculative_nodes += 1
             self.hold_slot(child)  # reserved now: grants in this tick count it
         else:
-            child.status = NodeStatus.RUNNING
+            ctx.tree.start(child)
         ctx.emit("expanded", child, parent=parent.id, depth=child.depth)
         self._launch(child)
 
     def restart(self, node: Node) -> None:
         """Derive ``node`` again (its parent's walk changed, or it was adopted stale)."""
-        if node.status is NodeStatus.CANCELLED:
-            node.status = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
+        self.ctx.tree.revive(node)
         self.failed.pop(node, None)
         self._launch(node)
 
@@ -99,7 +98,7 @@ class BranchRunner:
             if sub.speculative:
                 self._killed.add(sub)
                 if sub.status is not NodeStatus.CANCELLED:
-                    sub.status = NodeStatus.CANCELLED
+                    self.ctx.tree.cancel(sub)
                     self.ctx.emit("cancelled", sub)
             task = self.tasks.get(sub.id)
             if sub.id in self.generating:
@@ -211,14 +210,14 @@ class BranchRunner:
                 except Replay:
                     continue
             if not node.speculative:
-                node.status = NodeStatus.SCORED
+                ctx.tree.score(node)
         except Cancelled:
-            node.status = NodeStatus.CANCELLED
+            ctx.tree.cancel(node)
         except asyncio.CancelledError:
-            node.status = NodeStatus.CANCELLED
+            ctx.tree.cancel(node)
             raise
         except Exception as exc:  # one branch's failure must not end the query
-            node.status = NodeStatus.CANCELLED
+            ctx.tree.cancel(node)
             self.failed[node] = f"{node.id}: {type(exc).__name__}: {exc}"
             if not node.speculative:
                 ctx.errors.append(self.failed[node])
@@ -229,7 +228,7 @@ class BranchRunner:
         if self.tasks.get(node.id) is task:
             del self.tasks[node.id]
         if task.cancelled() and not node.status.final:
-            node.status = NodeStatus.CANCELLED
+            self.ctx.tree.cancel(node)
         self.release_slot(node, notify=False)
         self.ctx.rewards.release(self.ctx.query_id, node.id)
         if node.parent is not None and node not in node.parent.children:
@@ -240,7 +239,10 @@ class BranchRunner:
         if not node.speculative:
             if node.status is NodeStatus.RUNNING:  # adopted after its run ended well
                 ok = node.final and node.reward is not None and node not in self.failed
-                node.status = NodeStatus.SCORED if ok else NodeStatus.CANCELLED
+                if ok:
+                    self.ctx.tree.score(node)
+                else:
+                    self.ctx.tree.cancel(node)
             self._report(node)
         elif node.status is not NodeStatus.CANCELLED:
             self._changed()  # a finished speculative node: keep the engine busy

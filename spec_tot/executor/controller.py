@@ -146,7 +146,13 @@ class QueryController:
     def _adopt(self, child: Node) -> None:
         ctx, branches = self.ctx, self.branches
         ctx.emit("speculative_hit", child)
-        child.speculative = False
+        failure = branches.failed.get(child)
+        running = branches.running(child)
+        if running or (failure is None and not (child.final and child.reward is not None)):
+            status = NodeStatus.RUNNING  # it reports when its run ends, or derives again
+        else:
+            status = NodeStatus.SCORED if failure is None else NodeStatus.CANCELLED
+        self.tree.adopt(child, status)
         ctx.recorder.speculative_hits += 1
         offer = self._offers.pop(child.id, None)
         if offer is not None:
@@ -154,18 +160,14 @@ class QueryController:
         self._round.append(child)
         self._outstanding += 1
         branches.adopted(child)
-        failure = branches.failed.get(child)
-        if branches.running(child):  # it reports when its run ends
-            child.status = NodeStatus.RUNNING
-        elif failure is not None:  # the baseline would have failed this very node too
+        if running:
+            return
+        if failure is not None:  # the baseline would have failed this very node too
             ctx.errors.append(failure)
-            child.status = NodeStatus.CANCELLED
             self._reported.put_nowait(child)
-        elif child.final and child.reward is not None:
-            child.status = NodeStatus.SCORED
+        elif status is NodeStatus.SCORED:
             self._reported.put_nowait(child)
         else:  # derived from a walk its parent no longer has: derive again, committed
-            child.status = NodeStatus.RUNNING
             branches.restart(child)
 
     # -- speculating --------------------------------------------------------------------------
@@ -279,8 +281,8 @@ class QueryController:
         for node in self.tree.nodes():
             # Never adopted (wasted work), or stopped before it finished (early exit).
             unfinished = node.status in (NodeStatus.PENDING, NodeStatus.RUNNING, NodeStatus.DONE)
-            if unfinished or (node.speculative and node.status is not NodeStatus.CANCELLED):
-                node.status = NodeStatus.CANCELLED
+            if unfinished or node.speculative:
+                self.tree.cancel(node)
         ctx.rewards.forget(ctx.query_id)
         ctx.dispatcher.forget(ctx.query_id)
 

@@ -31,7 +31,7 @@ def early_prune(ctx: QueryContext, branches: BranchRunner, round_nodes: list[Nod
     for node in round_nodes:
         below = node.reward is not None and node.reward < threshold
         if node.status is NodeStatus.SCORED and not node.terminal and below:
-            node.status = NodeStatus.PRUNED
+            ctx.tree.prune(node)
             ctx.emit("pruned", node, reward=node.reward, threshold=threshold)
             for child in node.children:
                 branches.cancel(child)
