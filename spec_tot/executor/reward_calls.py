@@ -1,7 +1,8 @@
 """Running reward batches: one scorer call per group of items, each item's score checked
 and handed back alone. A call shared by several queries that fails, or runs far longer than
 calls do (a hanging scorer), is split: each query is scored alone, so only the query whose
-items are bad waits or fails (a hanging call is cancelled once nobody waits for it).
+items are bad waits or fails (a hanging call is cancelled before its items are sent again,
+and once nobody waits for it).
 
 A sync scorer runs in a thread that cannot be cancelled, so its calls never mix queries: a
 batch is scored one call per query, and a query's next call waits for its previous one. A
@@ -97,7 +98,14 @@ class ScoreCalls:
         self._calls[call] = live
         try:
             if len(queries) > 1:
-                done, _ = await asyncio.wait({call}, timeout=self._hang_after(queries))
+                limit = self._hang_after(queries, len(live))
+                done, _ = await asyncio.wait({call}, timeout=limit)
+                if not done:
+                    # End the hung call before its items are sent again: a scorer that is a
+                    # model (the policy judging itself) keys its requests by item, and the
+                    # same request twice in flight is refused.
+                    call.cancel()
+                    await asyncio.wait({call}, timeout=limit)
                 if not done or call.exception() is not None:
                     await self._split(live, queries)
                     return
@@ -135,10 +143,13 @@ class ScoreCalls:
             *(self._score_group([p for p in live if p.query_id == q]) for q in queries)
         )
 
-    def _hang_after(self, queries: list[str]) -> float:
-        """How long a shared call may run before its items are scored per query: well past
-        what calls take, and well within the queries' own deadlines."""
-        limit = max(_MIN_HANG_S, _HANG_FACTOR * (self._latency or 0.0))
+    def _hang_after(self, queries: list[str], items: int) -> float:
+        """How long a shared call of ``items`` may run before its items are scored per
+        query: well past what calls of its size take (a large lazy-verification batch is
+        slower than the calls before it, not hung), and well within the queries' own
+        deadlines."""
+        typical = max(self._latency or 0.0, self.item_s * items)
+        limit = max(_MIN_HANG_S, _HANG_FACTOR * typical)
         infos = [self._query_info(qid) for qid in queries]
         deadlines = [i[1] for i in infos if i is not None and i[1] is not None]
         return min(limit, min(deadlines) / 4) if deadlines else limit

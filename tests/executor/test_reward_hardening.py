@@ -135,6 +135,44 @@ async def test_a_hanging_scorer_holds_only_its_query_in_every_mode() -> None:
         assert scorer.hung  # the bad batch really hung
 
 
+class OneRequestPerItem(Scorer):
+    """A scorer that is a model keyed by item (the policy judging itself sends
+    ``<node>/judge``): an item already in flight is refused, as the engine refuses a
+    request id twice."""
+
+    def __init__(self) -> None:
+        super().__init__("hang")
+        self.inflight: set[str] = set()
+        self.refused: list[str] = []
+
+    async def __call__(self, items: Sequence[RewardItem]) -> list[Any]:
+        ids = [i.request_id for i in items]
+        again = [i for i in ids if i in self.inflight]
+        if again:
+            self.refused.extend(again)
+            raise RuntimeError(f"{again[0]!r} is already in flight")
+        self.inflight.update(ids)
+        try:
+            return await super().__call__(items)
+        finally:
+            self.inflight.difference_update(ids)
+
+
+async def test_a_hung_shared_call_ends_before_its_items_are_scored_again() -> None:
+    """Splitting a hung shared call cancels it first: its good items, sent again per
+    query, are never in flight twice (a self-judging engine refused them and failed every
+    node of the batch)."""
+    want = {q: fingerprint(r) for q, r in (await _run("baseline", Scorer("good"))).items()}
+    for mode in MODES:
+        scorer = OneRequestPerItem()
+        got = await _run(mode, scorer, timeout=0.6)
+        assert got["bad"].status == "timeout", (mode, got["bad"].status)
+        assert not scorer.refused, (mode, scorer.refused)
+        for qid in ("a", "b"):
+            assert got[qid].status == "ok", (mode, qid, got[qid].errors)
+            assert fingerprint(got[qid]) == want[qid], (mode, qid)
+
+
 class BlockingSyncScorer:
     """A sync scorer (``time.sleep``, as a blocking model call would) that blocks for the bad
     question's items, and counts the calls that hold them."""
