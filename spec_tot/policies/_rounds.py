@@ -87,15 +87,13 @@ class RoundPolicy(SearchPolicy):
         shadow = self.shadow()
         received = {n.id for n in self._round}
         level = [
-            c
-            for p in self._outstanding.pending
-            for c in tree[p].children
-            if not c.speculative and c.known
+            c for p in self._outstanding.pending for c in tree[p].children if not c.speculative
         ]
-        shadow.completed += sum(1 for n in level if n.terminal and n.id not in received)
+        shadow.completed += sum(1 for n in level if n.known and n.terminal and n.id not in received)
         chain: dict[str, float] = {}
         out: list[Candidate] = []
         for _ in range(_MAX_LEVELS):
+            level = _with_placeholders(shadow, level)
             if not level:
                 break
             next_level: list[Node] = []
@@ -106,10 +104,9 @@ class RoundPolicy(SearchPolicy):
                 if room:
                     out.append(Candidate(node.id, room, reach))
                 for child in node.children:
-                    if child.known:
-                        chain[child.id] = reach
-                        next_level.append(child)
-            shadow.completed += sum(1 for n in next_level if n.terminal)
+                    chain[child.id] = reach
+                    next_level.append(child)
+            shadow.completed += sum(1 for n in next_level if n.known and n.terminal)
             level = next_level
         out.sort(key=lambda c: -c.utility)
         return fit_budget(out, budget)
@@ -128,6 +125,20 @@ class RoundPolicy(SearchPolicy):
         else:
             self._finished = True
         return expansions
+
+
+def _with_placeholders(shadow: RoundPolicy, level: list[Node]) -> list[Node]:
+    """``level``'s known nodes and its live unknown ones (still generating), these with the
+    known nodes' mean predicted score as a placeholder on ``shadow``: the round is ranked
+    whole. Empty when no node is known (nothing could start below it)."""
+    known = [n for n in level if n.known]
+    if not known:
+        return []
+    live = [n for n in level if not n.known and not n.status.final]
+    if live:
+        mean = sum(shadow.score(n) for n in known) / len(known)
+        shadow._placeholders = {**shadow._placeholders, **{n.id: mean for n in live}}
+    return known + live
 
 
 def _is_final_answer(node: Node) -> bool:

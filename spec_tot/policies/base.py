@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import ClassVar, Self
 
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree, predicted_reward
@@ -68,6 +69,10 @@ class SearchPolicy(ABC):
     max_depth: int = 1 << 30
     # True on a shadow copy (``shadow()``) that predicts on the predictive view.
     _predictive: bool = False
+    # (A shadow.) Placeholder scores of round siblings still generating: the prediction
+    # ranks the whole round, so a known node's predicted width is what the real round would
+    # give it, not the whole width shared among the few nodes known so far.
+    _placeholders: Mapping[str, float] = MappingProxyType({})
     # True when a node of a finished round that the round did not expand is never expanded
     # later (BFS policies): the executor then cancels speculative work under it at once.
     discards_unselected: ClassVar[bool] = False
@@ -97,11 +102,16 @@ class SearchPolicy(ABC):
             return node.reward
         if self._predictive and node.known:
             return predicted_reward(node)
+        if self._predictive and node.id in self._placeholders:
+            return self._placeholders[node.id]
         return float("-inf")
 
     def seen(self, node: Node) -> bool:
-        """Scored (predictive view: known) and neither pruned nor cancelled."""
-        return node.known if self._predictive else node.status is NodeStatus.SCORED
+        """Scored (predictive view: known, or a placeholder) and neither pruned nor
+        cancelled."""
+        if self._predictive:
+            return node.known or node.id in self._placeholders
+        return node.status is NodeStatus.SCORED
 
     def expandable(self, node: Node) -> bool:
         """A seen, non-terminal node below the depth limit with no committed children yet

@@ -20,8 +20,8 @@ expansion in flight its children as they become known (or, to avoid waiting for 
 sibling, the known ones alone: a guess), follows the policy's own next steps (rStar's and
 REST-MCTS*'s rollouts included) down through speculative nodes, and stops at the first
 expansion whose children are unknown: a candidate if it can start. Then the shadow's path
-takes a virtual loss (a visit worth 0) and a fresh selection goes on, up to ``budget``
-children. Candidates' utility falls with their pick order.
+takes a visit at its predicted value (the leaf's mean value) and a fresh selection goes on,
+up to ``budget`` children. Candidates' utility falls with their pick order.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ class MCTS(SearchPolicy):
         scored, pending rewards predicted), through the in-flight expansion and any chain of
         speculative expansions whose children are all known, until it needs an expansion
         whose children are not: that leaf is a candidate if it can start. Then the shadow's
-        path takes a virtual loss (a visit worth 0) and a fresh selection goes on, up to
+        path takes a visit at its predicted value and a fresh selection goes on, up to
         ``budget`` children. Statistics live in the shadow's overlay: no tree copy."""
         if budget <= 0 or self._finished or not self._started:
             return []
@@ -236,7 +236,7 @@ class MCTS(SearchPolicy):
         out: list[Candidate] = []
         left = budget
         wanted = min(_MAX_CANDIDATES, -(-budget // self.width))
-        for _ in range(3 * wanted + 3):  # bounded: blocked picks still take a virtual loss
+        for _ in range(3 * wanted + 3):  # bounded: blocked picks still take a visit
             if shadow._finished:
                 break
             step = feed_known(
@@ -252,7 +252,7 @@ class MCTS(SearchPolicy):
                 left -= room
                 if left <= 0 or len(out) >= wanted:
                     break
-            shadow._virtual_loss()
+            shadow._virtual_visit()
             shadow._run(tree)
         return out
 
@@ -265,9 +265,13 @@ class MCTS(SearchPolicy):
         self._overlay = {}
         self._fed = set()
 
-    def _virtual_loss(self) -> None:
-        """(A shadow.) Abandon the iteration in flight: its path takes a visit worth 0."""
-        self.backup(self._path, 0.0)
+    def _virtual_visit(self) -> None:
+        """(A shadow.) Abandon the iteration in flight as if it came back at its predicted
+        value: its path takes a visit worth the leaf's mean value (the nearest finite one
+        up the path; 0 when none is). The next simulated selection is then the one the
+        real search most likely makes next, not one steered off a path it would keep."""
+        value = next((v for n in reversed(self._path) if math.isfinite(v := self.q(n))), 0.0)
+        self.backup(self._path, value)
         self._outstanding = Outstanding()
         self._path = []
 

@@ -119,7 +119,7 @@ def test_rest_mcts_uct_has_factor_two() -> None:
     assert policy.uct(tree.root, a) == pytest.approx(0.4 + 0.5 * math.sqrt(2 * math.log(3)))
 
 
-def test_mcts_predict_simulates_with_virtual_loss() -> None:
+def test_mcts_predict_simulates_with_a_visit_at_the_predicted_value() -> None:
     # After iter 1 (root -> q/0 .2, q/1 .6) and iter 2 in flight on q/1, the copy of the UCT
     # choice skips q/1 (running) and picks q/0; with budget 4 and width 2 that is all: q/1's
     # children are not scored and q/0 cannot be picked twice.

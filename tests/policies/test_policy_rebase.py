@@ -55,20 +55,38 @@ def test_rebase_allocation_all_nonterminal() -> None:
     assert run.batches[1] == [Expansion("q/0", 4), Expansion("q/1", 2), Expansion("q/2", 1)]
 
 
-def test_rebase_predict_uses_softmax_share() -> None:
+def _half_scored_round(failed_rest: bool) -> tuple[SearchTree, Rebase]:
     tree = SearchTree("q", "?")
     policy = Rebase(width=4, temperature=T)
     policy.initial(tree)
     kids = [tree.add_child(tree.root) for _ in range(4)]
     for kid, r in zip(kids[:2], [0.6, 0.4], strict=True):
         kid.status, kid.reward = NodeStatus.SCORED, r
-    policy.on_reward(tree, kids[:2])
-    # Over the scored part: [2/3, 1/3] * 4 = [2.67, 1.33] -> [3, 1].
+    if failed_rest:
+        for kid in kids[2:]:
+            kid.status = NodeStatus.CANCELLED
+    policy.on_reward(tree, kids[:2])  # the round stays open
+    return tree, policy
+
+
+def test_rebase_predict_uses_softmax_share() -> None:
+    # The other two failed: over the scored round, [2/3, 1/3] * 4 = [2.67, 1.33] -> [3, 1].
+    tree, policy = _half_scored_round(failed_rest=True)
     cands = policy.predict(tree, 10)
     assert [(c.parent_id, c.width) for c in cands] == [("q/0", 3), ("q/1", 1)]
     assert [c.utility for c in cands] == pytest.approx([2 / 3, 1 / 3])
     assert [(c.parent_id, c.width) for c in policy.predict(tree, 2)] == [("q/0", 2)]
     assert policy.keep_count(tree) is None
+
+
+def test_rebase_predict_ranks_the_whole_round() -> None:
+    # q/2 and q/3 still generating stand in at the known mean 0.5: the softmax over
+    # [0.6, 0.5, 0.5, 0.4] allocates [1, 1, 1, 1], so q/0 is predicted its real-round width
+    # (1), not 3 of the 4 as if the round were the two nodes known so far.
+    tree, policy = _half_scored_round(failed_rest=False)
+    cands = policy.predict(tree, 10)
+    assert [(c.parent_id, c.width) for c in cands] == [("q/0", 1), ("q/1", 1)]
+    assert cands[0].utility > cands[1].utility
 
 
 def _ets_tree() -> tuple[SearchTree, list[Node]]:
