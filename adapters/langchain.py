@@ -30,7 +30,6 @@ from langchain_core.tools import BaseTool
 from spec_tot.adapters._saturation import LoadProbe
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
-from spec_tot.executor.seeds import query_seed
 from spec_tot.graph import State, ThoughtGraph
 from spec_tot.requests import (
     Capabilities,
@@ -41,6 +40,7 @@ from spec_tot.requests import (
     RewardItem,
     SamplingParams,
 )
+from spec_tot.seeds import query_seed
 
 __all__ = ["LangChainBackend", "RunnableReward", "add_tool", "tool_node"]
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError, ConfigError
-from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -28,6 +27,7 @@ from spec_tot.requests import (
     GenerateResult,
     RewardItem,
 )
+from spec_tot.seeds import stable_seed
 
 __all__ = ["ScriptedBackend", "ScriptedConfig", "create_scripted"]
 

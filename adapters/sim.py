@@ -33,7 +33,6 @@ from spec_tot.adapters._sim_config import PRESETS, SimConfig
 from spec_tot.adapters._sim_loop import SimEngine, SimSeq, VirtualTimeLoop, run_virtual
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError
-from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -42,6 +41,7 @@ from spec_tot.requests import (
     GenerateResult,
     RewardItem,
 )
+from spec_tot.seeds import stable_seed
 
 __all__ = [
     "ANSWER_PREFIX",

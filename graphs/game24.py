@@ -16,8 +16,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from spec_tot.adapters.local.drafter import DraftContext, Drafter
 from spec_tot.app import ToTApp
+from spec_tot.drafting import DraftContext, Drafter
 from spec_tot.errors import ConfigError
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs import game24_task as task

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from spec_tot.chat_model import ToTChatModel
     from spec_tot.chat_spec_tot import ChatSpecTot
     from spec_tot.config import ExecutorConfig
+    from spec_tot.drafting import DraftContext, Drafter
     from spec_tot.graph import END, START, ThoughtGraph
     from spec_tot.langgraph import from_langgraph
     from spec_tot.policies import SearchPolicy, create_policy, policy_names
@@ -39,6 +40,8 @@ _LAZY = {
     "RewardBackend": "spec_tot.backends",
     "default_registry": "spec_tot.backends",
     "ExecutorConfig": "spec_tot.config",
+    "DraftContext": "spec_tot.drafting",
+    "Drafter": "spec_tot.drafting",
     "END": "spec_tot.graph",
     "START": "spec_tot.graph",
     "ThoughtGraph": "spec_tot.graph",
@@ -76,6 +79,8 @@ __all__ = [
     "BackendRegistry",
     "BatchResult",
     "ChatSpecTot",
+    "DraftContext",
+    "Drafter",
     "ExecutorConfig",
     "GenerationBackend",
     "LangChainBackend",

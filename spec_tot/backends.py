@@ -26,8 +26,6 @@ __all__ = [
     "RewardBackend",
     "default_registry",
     "matches_prefix",
-    "sample_seed",
-    "seed_mix",
 ]
 
 
@@ -35,23 +33,6 @@ def matches_prefix(request_id: str, prefix: str) -> bool:
     """The abort contract's subtree test: ``request_id`` is ``prefix`` itself or a path below
     it (``prefix + "/..."``), never a mere string prefix (``q1`` does not cover ``q10``)."""
     return request_id == prefix or request_id.startswith(prefix + "/")
-
-
-_MASK63 = (1 << 63) - 1
-
-
-def seed_mix(seed: int, index: int) -> int:
-    """The fixed mix of a request's seed and a sample's index: what seeds sample ``index``'s
-    own random stream, independent of batching. Within a signed 64-bit int (SGLang's
-    ``sampling_seed`` range)."""
-    return ((seed & _MASK63) * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9) & _MASK63
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """Seed of sample ``index`` when a request's n samples travel as n one-sample requests:
-    sample 0 keeps the request's seed (so n = 1 is the request itself), the others get
-    ``seed_mix``."""
-    return seed if index == 0 else seed_mix(seed, index)
 
 
 class GenerationBackend(ABC):
@@ -66,7 +47,7 @@ class GenerationBackend(ABC):
     - ``abort(prefix)`` aborts every in-flight request whose id equals ``prefix`` or starts
       with ``prefix + "/"`` (``matches_prefix``); it returns how many it aborted.
     - A request's n samples are independent streams: a backend that splits them into n
-      one-sample requests seeds sample ``i`` with ``sample_seed(seed, i)``.
+      one-sample requests seeds sample ``i`` with ``spec_tot.seeds.sample_seed(seed, i)``.
     - ``num_inflight`` is the number of requests accepted and not yet finished.
     """
 

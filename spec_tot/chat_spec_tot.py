@@ -39,7 +39,6 @@ from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for
-from spec_tot.executor.seeds import stable_seed
 from spec_tot.requests import (
     Completion,
     FinishReason,
@@ -48,6 +47,7 @@ from spec_tot.requests import (
     SamplingParams,
     StreamUpdate,
 )
+from spec_tot.seeds import stable_seed
 
 __all__ = ["ChatSpecTot"]
 

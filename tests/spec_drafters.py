@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from spec_tot.adapters.local.drafter import DraftContext, Drafter
+from spec_tot.drafting import DraftContext, Drafter
 
 __all__ = ["FreeCost", "OracleDrafter", "WrongDrafter", "use_drafters", "wrong_drafter"]
 

@@ -22,7 +22,6 @@ from spec_tot.config import ExecutorConfig, LazyVerification
 from spec_tot.errors import BackendError
 from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
-from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
 from spec_tot.metrics import MetricsRecorder
@@ -33,6 +32,7 @@ from spec_tot.requests import (
     GenerateResult,
     RewardItem,
 )
+from spec_tot.seeds import stable_seed
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 MODES = ("baseline", "dedup", "naive", "spex", "specscale", "full")

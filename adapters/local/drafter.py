@@ -20,18 +20,15 @@ target distribution exactly).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from spec_tot.drafting import DraftContext, Drafter
 from spec_tot.errors import ConfigError
 from spec_tot.plugins import load_target
 
 __all__ = [
-    "DraftContext",
-    "Drafter",
     "HFDraftModel",
     "NgramDrafter",
     "load_drafter",
@@ -42,36 +39,6 @@ __all__ = [
 def tree_of(request_id: str) -> str:
     """The tree a request belongs to: the first segment of its hierarchical id."""
     return request_id.partition("/")[0]
-
-
-@dataclass(frozen=True, slots=True)
-class DraftContext:
-    """One decoding sequence, as a drafter sees it. ``token_ids`` is the engine's own list
-    (prompt then output; read it, never change it); ``limit`` is the most tokens worth
-    proposing (fewer is fine, none means no draft)."""
-
-    request_id: str
-    token_ids: Sequence[int]
-    num_prompt_tokens: int
-    limit: int
-
-
-class Drafter(ABC):
-    """Proposes tokens to follow a sequence. Contract: ``propose`` returns at most
-    ``context.limit`` token ids of the model's vocabulary, quickly (it runs on the engine's
-    step path, once per decoding row and step), and never raises for a context it cannot
-    help with (it returns ``()``). It may keep state between calls; it is called from one
-    thread only."""
-
-    name: str = "drafter"
-
-    @abstractmethod
-    def propose(self, context: DraftContext) -> Sequence[int]:
-        """Up to ``context.limit`` tokens that probably follow ``context.token_ids``."""
-
-    def propose_batch(self, contexts: Sequence[DraftContext]) -> list[Sequence[int]]:
-        """Every row of a step at once (a draft model batches them); by default one by one."""
-        return [self.propose(c) for c in contexts]
 
 
 class _TreeIndex:

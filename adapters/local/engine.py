@@ -24,12 +24,13 @@ from typing import Any
 import torch
 
 from spec_tot.backends import matches_prefix
+from spec_tot.drafting import Drafter
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from .block_manager import BlockManager
 from .config import EngineConfig, resolve_device, resolve_dtype
 from .detokenizer import StopChecker
-from .drafter import Drafter, HFDraftModel, NgramDrafter, load_drafter
+from .drafter import HFDraftModel, NgramDrafter, load_drafter
 from .intake import Intake
 from .loader import LoadedModel, build_random_model, load_model_folder
 from .model import KVCache

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from spec_tot.backends import seed_mix
 from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest
+from spec_tot.seeds import seed_mix
 
 from .config import EngineConfig
 from .scheduler import Scheduler

@@ -37,8 +37,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from spec_tot.drafting import DraftContext, Drafter
+
 from .block_manager import BlockManager
-from .drafter import DraftContext, Drafter
 from .scheduler import StepPlan
 from .sequence import ScheduledRow, Sequence
 

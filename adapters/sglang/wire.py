@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from spec_tot.adapters.http import EndpointPool, query_key, sse_events
-from spec_tot.backends import sample_seed
 from spec_tot.errors import BackendError
 from spec_tot.requests import Priority
+from spec_tot.seeds import sample_seed
 
 from .config import SGLangConfig
 from .groups import WireGroup

@@ -12,7 +12,6 @@
 - ``reward_calls``: one scorer call per batch, split per query when it fails or hangs;
 - ``reward_scorer``: calling one scorer and checking each score it returns;
 - ``pruning``: SpecScale's EP threshold and SPEX T3 early termination;
-- ``seeds``: the seed rule (query seed from the user's id or the input, request seeds below).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from spec_tot.executor.dispatcher import Dispatcher, Offer
 from spec_tot.executor.hub import BackendHub, hub_for
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_scorer import call_scorer, check_score
-from spec_tot.executor.seeds import query_seed, request_seed, seed_key
 
 __all__ = [
     "BackendHub",
@@ -37,8 +35,5 @@ __all__ = [
     "call_scorer",
     "check_score",
     "hub_for",
-    "query_seed",
     "record_for",
-    "request_seed",
-    "seed_key",
 ]

@@ -1,6 +1,7 @@
 """What every app, batch and concurrent call on one backend share in this process: the
 query ids in use on it, its speculation dispatcher (SPEX T2) and, per event loop, its reward
-router. ``hub_for(backend)`` gives the one hub of a backend (kept on the backend object).
+router. ``hub_for(backend)`` gives the one hub of a backend, from a weak map: nothing is
+written on the user's object, and a backend that goes away takes its hub with it.
 """
 
 from __future__ import annotations
@@ -8,18 +9,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
 from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.reward_router import RewardRouter
-from spec_tot.executor.seeds import seed_key
 from spec_tot.nodes import State
+from spec_tot.seeds import seed_key
 
 __all__ = ["BackendHub", "QueryInput", "hub_for"]
 
-_ATTRIBUTE = "_spec_tot_hub"
+# The one process-wide table of hubs, by the backend's identity (backends need not be
+# hashable) and weak on it: two apps built on one backend
+# object must share its dispatcher, and the backend is the only handle both hold.
+_HUBS: dict[int, tuple[weakref.ref[GenerationBackend], BackendHub]] = {}
 
 
 class QueryInput:
@@ -35,9 +39,9 @@ class QueryInput:
 
 class BackendHub:
     def __init__(self, backend: GenerationBackend) -> None:
-        self.backend = backend
+        # Weak: the hub lives in a map keyed weakly by the backend, so it must not keep it alive.
         self.dispatcher = Dispatcher(
-            backend.capabilities.saturation_batch, load=backend.reported_load
+            backend.capabilities.saturation_batch, load=_weak_call(backend.reported_load)
         )
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RewardRouter] = (
             weakref.WeakKeyDictionary()
@@ -85,16 +89,39 @@ class BackendHub:
 
 
 def hub_for(backend: GenerationBackend) -> BackendHub:
-    """The hub of ``backend``, created on first use and kept on the backend object."""
-    hub = getattr(backend, _ATTRIBUTE, None)
-    if not isinstance(hub, BackendHub):
-        hub = BackendHub(backend)
-        try:
-            setattr(backend, _ATTRIBUTE, hub)
-        except AttributeError as exc:  # a backend class with __slots__ and no __dict__
-            raise ConfigError(
-                "backend",
-                f"{type(backend).__name__} cannot hold its shared speculation dispatcher: "
-                "give the class a __dict__ (drop __slots__)",
-            ) from exc
+    """The hub of ``backend``, created on first use."""
+    key = id(backend)
+    entry = _HUBS.get(key)
+    if entry is not None and entry[0]() is backend:
+        return entry[1]
+    try:
+        ref = weakref.ref(backend, lambda gone: _forget(key, gone))
+    except TypeError as exc:  # a class with __slots__ and no __weakref__
+        raise ConfigError(
+            "backend",
+            f"{type(backend).__name__} cannot be shared through a weak reference: "
+            "add '__weakref__' to its __slots__",
+        ) from exc
+    hub = BackendHub(backend)
+    _HUBS[key] = (ref, hub)
     return hub
+
+
+def _forget(key: int, gone: weakref.ref[GenerationBackend]) -> None:
+    entry = _HUBS.get(key)
+    if entry is not None and entry[0] is gone:  # not a newer backend that reuses the id
+        del _HUBS[key]
+
+
+def _weak_call(load: Callable[[], float | None]) -> Callable[[], float | None]:
+    """``load`` without a strong reference to the object it is bound to (None once gone)."""
+    try:
+        ref = weakref.WeakMethod(load)
+    except TypeError:  # not a bound method: nothing to keep alive
+        return load
+
+    def call() -> float | None:
+        method = ref()
+        return None if method is None else method()
+
+    return call

@@ -2,7 +2,7 @@
 metrics, and every query the backend's shared reward router and speculation dispatcher (its
 ``BackendHub``: one per backend, whatever the app, batch or call).
 
-Seeds follow ``spec_tot.executor.seeds``.
+Seeds follow ``spec_tot.seeds``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.hub import BackendHub, QueryInput
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
-from spec_tot.executor.seeds import query_seed
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import State
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult
+from spec_tot.seeds import query_seed
 from spec_tot.tree import SearchTree
 
 __all__ = ["RunSpec", "run_queries"]

@@ -14,6 +14,8 @@ EXPECTED = {
     "BackendRegistry",
     "BatchResult",
     "ChatSpecTot",
+    "DraftContext",
+    "Drafter",
     "ExecutorConfig",
     "GenerationBackend",
     "LangChainBackend",

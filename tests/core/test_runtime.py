@@ -17,12 +17,12 @@ from spec_tot.adapters.scripted import ScriptedBackend, ScriptedConfig
 from spec_tot.app import ToTApp
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ExecutionError
-from spec_tot.executor.seeds import request_seed, seed_key
 from spec_tot.graph import END, START, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX, _answer, _prompt, _route, compile_toy, toy_questions
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.requests import GenerateRequest, GenerateResult
+from spec_tot.seeds import request_seed, seed_key
 from spec_tot.tree import NodeStatus
 
 BEAM = {"search": "beam", "search_params": {"n": 4, "width": 2}}
@@ -205,7 +205,7 @@ async def test_results_do_not_depend_on_scheduling() -> None:
 def test_stable_seed_is_independent_of_pythonhashseed() -> None:
     code = (
         "import asyncio\n"
-        "from spec_tot.executor.seeds import stable_seed\n"
+        "from spec_tot.seeds import stable_seed\n"
         "from spec_tot.adapters.scripted import ScriptedBackend\n"
         "from spec_tot.requests import GenerateRequest, SamplingParams\n"
         "seeds = [stable_seed(b, k) for b in (0, 7) for k in ('q1/0', 'q1/0/@t', 'x')]\n"
@@ -228,7 +228,7 @@ def test_stable_seed_is_independent_of_pythonhashseed() -> None:
 
 
 def test_stable_seed_properties() -> None:
-    from spec_tot.executor.seeds import stable_seed
+    from spec_tot.seeds import stable_seed
 
     assert stable_seed(0, "q0/1") == stable_seed(0, "q0/1")
     assert stable_seed(0, "q0/1") != stable_seed(1, "q0/1")

@@ -127,3 +127,35 @@ async def test_the_dispatcher_learns_hit_rates_across_queries() -> None:
     assert launched == dispatcher.launches > 0
     assert dispatcher.curve.measured  # committed requests sampled the step curve
     assert dispatcher.queued() == 0 and dispatcher.speculative == {}  # queries forgotten
+
+
+def test_the_hub_is_kept_beside_the_backend_not_on_it() -> None:
+    """Nothing is written on the user's object, and a backend that goes away takes its hub
+    (and the hub's dispatcher) with it."""
+    import gc
+    import weakref
+
+    backend = Saturating(4, ScriptedConfig(), tick_fn(0, 5))
+    before = set(vars(backend))
+    hub = weakref.ref(hub_for(backend))
+    assert set(vars(backend)) == before
+    assert backend.reported_load() == hub_for(backend).dispatcher.load()
+    del backend
+    gc.collect()
+    assert hub() is None
+
+
+def test_a_backend_that_cannot_be_weakly_referenced_is_named() -> None:
+    from spec_tot.adapters.scripted import ScriptedBackend
+
+    class Slotted(ScriptedBackend):
+        __slots__ = ()
+
+    class NoWeakref:
+        __slots__ = ("capabilities",)
+
+    backend = NoWeakref()
+    backend.capabilities = ScriptedBackend(ScriptedConfig()).capabilities
+    with pytest.raises(ConfigError, match=r"NoWeakref.*__weakref__"):
+        hub_for(backend)  # type: ignore[arg-type]
+    assert hub_for(Slotted(ScriptedConfig())) is not None  # a __dict__ above: fine

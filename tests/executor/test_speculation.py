@@ -30,11 +30,11 @@ from spec_tot.config import LazyVerification
 from spec_tot.errors import ConfigError
 from spec_tot.executor.pruning import early_prune_threshold
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
-from spec_tot.executor.seeds import stable_seed
 from spec_tot.graph import GraphNode, NodeKind
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.nodes import default_reward_item
 from spec_tot.requests import Capabilities, RewardItem
+from spec_tot.seeds import stable_seed
 from spec_tot.tree import Node, NodeStatus
 
 BEAM6 = {"n": 6, "width": 2, "max_depth": 6}  # k = 3

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spec_tot.backends import sample_seed
 from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest, Priority, SamplingParams, check_text
+from spec_tot.seeds import sample_seed
 
 from .fields import (
     Inert,

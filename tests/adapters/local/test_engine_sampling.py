@@ -11,8 +11,8 @@ from scipy.stats import chisquare
 
 from spec_tot.adapters.local.sampler import Sampler
 from spec_tot.adapters.local.sequence import Member, RequestState, Sequence
-from spec_tot.backends import seed_mix
 from spec_tot.requests import GenerateRequest, Priority, SamplingParams
+from spec_tot.seeds import seed_mix
 
 __all__ = ["make_engine", "tiny_llama"]
 
