@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
 
@@ -16,13 +16,10 @@ from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
 from spec_tot.executor.hub import BackendHub, QueryInput, hub_for
 from spec_tot.executor.run_queries import RunSpec, run_queries
-from spec_tot.nodes import State
+from spec_tot.nodes import GraphParts, State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult
-
-if TYPE_CHECKING:
-    from spec_tot.graph import ThoughtGraph
 
 __all__ = ["BatchResult", "ToTApp", "ToTResult"]
 
@@ -78,7 +75,7 @@ class ToTApp(Runnable[Any, ToTResult]):
     @classmethod
     def build(
         cls,
-        graph: ThoughtGraph,
+        graph: GraphParts,
         *,
         search: str | SearchPolicy | Callable[[], SearchPolicy],
         search_params: dict[str, Any],

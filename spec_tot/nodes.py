@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spec_tot.requests import RewardItem, SamplingParams
 
@@ -23,6 +23,7 @@ __all__ = [
     "ConditionalEdge",
     "FunctionFn",
     "GraphNode",
+    "GraphParts",
     "NodeKind",
     "ParseFn",
     "PromptFn",
@@ -88,3 +89,15 @@ class ConditionalEdge:
 
     def targets(self) -> list[str]:
         return list(self.path_map.values()) if self.path_map is not None else []
+
+
+class GraphParts(Protocol):
+    """What the compiler and validator read of a graph builder (``ThoughtGraph``): they
+    take this, not the builder, so the builder may import them."""
+
+    @property
+    def nodes(self) -> Mapping[str, GraphNode]: ...
+    @property
+    def edges(self) -> Mapping[str, list[str]]: ...
+    @property
+    def branches(self) -> Mapping[str, ConditionalEdge]: ...

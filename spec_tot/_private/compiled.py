@@ -6,13 +6,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from spec_tot.errors import ExecutionError, GraphValidationError
-from spec_tot.nodes import END, START, ConditionalEdge, GraphNode, NodeKind, State
-
-if TYPE_CHECKING:
-    from spec_tot.graph import ThoughtGraph
+from spec_tot.nodes import END, START, ConditionalEdge, GraphNode, GraphParts, NodeKind, State
 
 __all__ = ["CompiledGraph", "apply_update", "maybe_await"]
 
@@ -38,7 +35,7 @@ class CompiledGraph:
     branches: Mapping[str, ConditionalEdge]
 
     @classmethod
-    def from_builder(cls, graph: ThoughtGraph) -> CompiledGraph:
+    def from_builder(cls, graph: GraphParts) -> CompiledGraph:
         edges: dict[str, str] = {}
         for source, targets in graph.edges.items():
             if len(targets) > 1:

@@ -17,7 +17,7 @@ import copy
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, adispatch_custom_event
 from langchain_core.runnables import RunnableConfig
@@ -34,7 +34,6 @@ from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy
 from spec_tot.tree import Node, SearchTree
 
 if TYPE_CHECKING:
-    from spec_tot.app import ToTApp
     from spec_tot.executor.hub import QueryInput
     from spec_tot.results import ToTResult
 
@@ -98,7 +97,20 @@ def _explicit_recursion_limit(config: Mapping[str, Any] | None) -> int | None:
     return value
 
 
-def configured_app(app: ToTApp, config: Mapping[str, Any] | None) -> ToTApp:
+class ConfigurableApp(Protocol):
+    """What a per-call copy changes of an app (``ToTApp``)."""
+
+    config: ExecutorConfig
+    policy_factory: Callable[[], SearchPolicy]
+
+    @property
+    def backend(self) -> Any: ...
+
+
+App = TypeVar("App", bound=ConfigurableApp)
+
+
+def configured_app(app: App, config: Mapping[str, Any] | None) -> App:
     """``app`` itself, or a shallow copy sharing its backend with the per-call settings."""
     overrides = dict(((config or {}).get("configurable") or {}).get(CONFIGURABLE_KEY) or {})
     limit = _explicit_recursion_limit(config)

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from spec_tot.errors import GraphValidationError
-from spec_tot.nodes import END, START, NodeKind
-
-if TYPE_CHECKING:
-    from spec_tot.graph import ThoughtGraph
+from spec_tot.nodes import END, START, GraphParts, NodeKind
 
 __all__ = ["successors", "validate_graph"]
 
 
-def successors(graph: ThoughtGraph, name: str, *, opaque: bool = True) -> list[str]:
+def successors(graph: GraphParts, name: str, *, opaque: bool = True) -> list[str]:
     """Possible next nodes. A router without a path map may return any node or END when
     ``opaque``; with ``opaque=False`` its edges are left out (the checks that would only
     produce false alarms then run at run time instead)."""
@@ -27,7 +23,7 @@ def successors(graph: ThoughtGraph, name: str, *, opaque: bool = True) -> list[s
     return list(graph.edges.get(name, []))
 
 
-def validate_graph(graph: ThoughtGraph, *, has_default_reward: bool) -> None:
+def validate_graph(graph: GraphParts, *, has_default_reward: bool) -> None:
 
     known = set(graph.nodes)
     for source in (*graph.edges, *graph.branches):
@@ -68,7 +64,7 @@ def validate_graph(graph: ThoughtGraph, *, has_default_reward: bool) -> None:
 
 
 def _reach(
-    graph: ThoughtGraph,
+    graph: GraphParts,
     start: Iterable[str],
     stop_at: frozenset[str] = frozenset(),
     *,
@@ -89,7 +85,7 @@ def _reach(
     return seen
 
 
-def _check_cycles(graph: ThoughtGraph) -> None:
+def _check_cycles(graph: GraphParts) -> None:
     """Every cycle must cross a reward node, or the executor would loop with no barrier."""
 
     rewards = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.REWARD)
@@ -100,7 +96,7 @@ def _check_cycles(graph: ThoughtGraph) -> None:
             raise GraphValidationError(name, "is on a cycle with no reward node on it")
 
 
-def _check_reward_placement(graph: ThoughtGraph) -> None:
+def _check_reward_placement(graph: GraphParts) -> None:
     """A thought must be scored before END, and a reward needs a thought before it."""
 
     rewards = frozenset(n for n, node in graph.nodes.items() if node.kind is NodeKind.REWARD)

@@ -17,14 +17,20 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from spec_tot.config import LazyVerification
 
-if TYPE_CHECKING:
-    from spec_tot.executor.reward_router import RewardRouter
-
-__all__ = ["BatchRule", "EagerRule", "LazyRule", "Pending", "Queue", "RoundRule", "select_lazy"]
+__all__ = [
+    "BatchRule",
+    "EagerRule",
+    "LazyRule",
+    "Pending",
+    "Queue",
+    "RoundRule",
+    "RuleHost",
+    "select_lazy",
+]
 
 
 @dataclass(slots=True, eq=False)
@@ -53,6 +59,23 @@ class Queue:
     last_deferral: float = -math.inf
 
 
+class RuleHost(Protocol):
+    """What a rule may ask of the router that holds its queues (``RewardRouter``): the rules
+    decide when, the router does."""
+
+    def group_complete(self, query_id: str) -> bool: ...
+    def urgent(self, query_id: str) -> bool: ...
+    def queue(self, key: Hashable) -> Queue | None: ...
+    def batches_in_flight(self, key: Hashable) -> int: ...
+    def schedule_tick(self, key: Hashable) -> None: ...
+    def fire_timer(self, key: Hashable) -> None: ...
+    def flush(
+        self,
+        key: Hashable,
+        select: Callable[[list[Pending]], tuple[list[Pending], list[Pending]]] | None = None,
+    ) -> None: ...
+
+
 class BatchRule(ABC):
     """When a queue is scored. ``key`` names the queue a query's items wait in; ``check`` is
     called whenever that queue or a query's sibling group changes."""
@@ -61,15 +84,15 @@ class BatchRule(ABC):
     def key(self, query_id: str) -> Hashable: ...
 
     @abstractmethod
-    def check(self, router: RewardRouter, key: Hashable, query_id: str) -> None: ...
+    def check(self, router: RuleHost, key: Hashable, query_id: str) -> None: ...
 
-    def on_tick(self, router: RewardRouter, key: Hashable) -> None:  # noqa: B027 - optional
+    def on_tick(self, router: RuleHost, key: Hashable) -> None:  # noqa: B027 - optional
         """A loop tick scheduled by ``router.schedule_tick`` came."""
 
-    def on_timer(self, router: RewardRouter, key: Hashable) -> None:  # noqa: B027 - optional
+    def on_timer(self, router: RuleHost, key: Hashable) -> None:  # noqa: B027 - optional
         """A timer set by the rule fired."""
 
-    def on_batch_done(self, router: RewardRouter, key: Hashable) -> None:  # noqa: B027
+    def on_batch_done(self, router: RuleHost, key: Hashable) -> None:  # noqa: B027
         """A batch of the queue ``key`` was scored (the reward model is free again)."""
 
 
@@ -79,7 +102,7 @@ class RoundRule(BatchRule):
     def key(self, query_id: str) -> Hashable:
         return ("round", query_id)
 
-    def check(self, router: RewardRouter, key: Hashable, query_id: str) -> None:
+    def check(self, router: RuleHost, key: Hashable, query_id: str) -> None:
         if router.group_complete(query_id):
             router.flush(key)
 
@@ -91,10 +114,10 @@ class EagerRule(BatchRule):
     def key(self, query_id: str) -> Hashable:
         return ("eager",)
 
-    def check(self, router: RewardRouter, key: Hashable, query_id: str) -> None:
+    def check(self, router: RuleHost, key: Hashable, query_id: str) -> None:
         router.schedule_tick(key)
 
-    def on_tick(self, router: RewardRouter, key: Hashable) -> None:
+    def on_tick(self, router: RuleHost, key: Hashable) -> None:
         router.flush(key)
 
 
@@ -135,13 +158,13 @@ class LazyRule(BatchRule):
     def key(self, query_id: str) -> Hashable:
         return ("lazy", self.lv)
 
-    def check(self, router: RewardRouter, key: Hashable, query_id: str) -> None:
+    def check(self, router: RuleHost, key: Hashable, query_id: str) -> None:
         router.schedule_tick(key)
 
-    def on_batch_done(self, router: RewardRouter, key: Hashable) -> None:
+    def on_batch_done(self, router: RuleHost, key: Hashable) -> None:
         router.schedule_tick(key)
 
-    def on_tick(self, router: RewardRouter, key: Hashable) -> None:
+    def on_tick(self, router: RuleHost, key: Hashable) -> None:
         queue = router.queue(key)
         if queue is None or not queue.items:
             return
@@ -184,7 +207,7 @@ class LazyRule(BatchRule):
             # and its branch then reaches the router (scored or ended), which decides again.
             queue.timer = loop.call_later(lv.max_wait_s, router.fire_timer, key)
 
-    def on_timer(self, router: RewardRouter, key: Hashable) -> None:
+    def on_timer(self, router: RuleHost, key: Hashable) -> None:
         if self.saturated is None or not self.saturated():
             router.flush(key, lambda batch: select_lazy(batch, self.lv, False))
 

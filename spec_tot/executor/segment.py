@@ -16,18 +16,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from spec_tot._private.compiled import apply_update, maybe_await
 from spec_tot.errors import ExecutionError
+from spec_tot.executor.context import QueryContext
 from spec_tot.nodes import END, GraphNode, NodeKind, State
 from spec_tot.requests import FinishReason, GenerateRequest, Priority, RewardItem
 from spec_tot.tree import Node, aggregate_scores, predicted_reward
 
-if TYPE_CHECKING:
-    from spec_tot.executor.branch_runner import BranchRunner
-
-__all__ = ["Cancelled", "Memo", "Replay", "Segment"]
+__all__ = ["Cancelled", "Memo", "Replay", "Segment", "SegmentHost"]
 
 
 class Replay(Exception):
@@ -48,11 +46,28 @@ class Memo:
     ahead: tuple[int, RewardItem] | None = None  # (base version, item) of the walk ahead
 
 
+class SegmentHost(Protocol):
+    """What a segment uses of the branch runner that owns its node's task, slot and events
+    (``BranchRunner``)."""
+
+    ctx: QueryContext
+    generating: set[str]  # nodes whose request is on the backend now
+
+    def killed(self, node: Node) -> bool: ...
+    def hold_slot(self, node: Node) -> None: ...
+    def release_slot(self, node: Node, *, notify: bool = True) -> None: ...
+    def final_event(self, node: Node) -> asyncio.Event: ...
+    def committed_event(self, node: Node) -> asyncio.Event: ...
+    def set_walk(
+        self, node: Node, resume: str | None, state: State, *, provisional: bool
+    ) -> None: ...
+
+
 class Segment:
     """Derives one node's segment (see the module docstring); ``BranchRunner`` owns the
     tasks, slots and bookkeeping it uses."""
 
-    def __init__(self, runner: BranchRunner, node: Node, memo: Memo) -> None:
+    def __init__(self, runner: SegmentHost, node: Node, memo: Memo) -> None:
         self.runner = runner
         self.ctx = runner.ctx
         self.node = node

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.config import set_config_context
@@ -33,16 +33,32 @@ from spec_tot.langgraph.roles import NodeRole
 
 if TYPE_CHECKING:
     from spec_tot.langgraph.entries import Entry
-    from spec_tot.langgraph.plan import SpeculationPlan
 
-__all__ = ["AdoptingNode", "SpeculativeNode", "TaskObserver", "speculating"]
+__all__ = ["AdoptingNode", "RunFinder", "SpeculativeNode", "TaskObserver", "speculating"]
+
+
+class RunCalls(Protocol):
+    """What a wrapped node asks of the run its loop is (``GraphRun``)."""
+
+    def call(self, node: AdoptingNode, input: Any, config: RunnableConfig, kw: Any) -> Any: ...
+    async def acall(
+        self, node: AdoptingNode, input: Any, config: RunnableConfig, kw: Any
+    ) -> Any: ...
+    def task_done(self, config: RunnableConfig) -> None: ...
+
+
+class RunFinder(Protocol):
+    """Where a wrapped node finds that run (``SpeculationPlan.run_for``)."""
+
+    def run_for(self, config: RunnableConfig | None) -> RunCalls | None: ...
+
 
 # The speculative entry whose task is running (set by the speculator for its tasks).
 speculating: ContextVar[Entry | None] = ContextVar("spec_tot_lg_entry", default=None)
 
 
 class _Wrapper(Runnable[Any, Any]):
-    def __init__(self, inner: Runnable[Any, Any], role: NodeRole, plan: SpeculationPlan) -> None:
+    def __init__(self, inner: Runnable[Any, Any], role: NodeRole, plan: RunFinder) -> None:
         self.inner = inner
         self.role = role
         self.plan = plan
@@ -102,7 +118,7 @@ class TaskObserver(Runnable[Any, Any]):
     """The last writer of a node: passes its input on, and tells the run the task's writes
     are complete."""
 
-    def __init__(self, node: str, plan: SpeculationPlan) -> None:
+    def __init__(self, node: str, plan: RunFinder) -> None:
         self.node = node
         self.plan = plan
         self.name = f"{node}:observer"

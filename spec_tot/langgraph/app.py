@@ -41,7 +41,7 @@ def speculation_of(graph: Any) -> SpeculationPlan:
     ``with_config`` copies share it)."""
     for node in getattr(graph, "nodes", {}).values():
         observer = getattr(node, "observer", None)
-        if isinstance(observer, TaskObserver):
+        if isinstance(observer, TaskObserver) and isinstance(observer.plan, SpeculationPlan):
             return observer.plan
     raise ConfigError("graph", "not a graph made by spec_tot.from_langgraph")
 

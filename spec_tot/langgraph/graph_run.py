@@ -21,9 +21,9 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from langchain_core.runnables import RunnableConfig
 
@@ -32,6 +32,7 @@ from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.langgraph._pregel import (
     PregelExecutableTask,
     PregelLoop,
+    PregelNode,
     World,
     is_async,
     on_exit,
@@ -42,21 +43,47 @@ from spec_tot.langgraph._pregel import (
 )
 from spec_tot.langgraph.entries import Entry, SendOwners
 from spec_tot.langgraph.results import LangGraphMetrics, TaskRecord, TaskStatus
+from spec_tot.langgraph.roles import NodeRole
+from spec_tot.langgraph.shared import RunTotals, SharedThreads
+from spec_tot.langgraph.slots import SpeculationSlots
 from spec_tot.langgraph.speculation import Speculator
 from spec_tot.langgraph.steps import StepView
 
 if TYPE_CHECKING:
     from spec_tot.langgraph.adoption import AdoptingNode
-    from spec_tot.langgraph.plan import SpeculationPlan
 
-__all__ = ["GraphRun", "RunClaim", "run_claim"]
+__all__ = ["GraphRun", "PlanView", "RunClaim", "run_claim"]
+
+
+class PlanView(Protocol):
+    """What a run reads of its app's plan (``SpeculationPlan``), and the one change it
+    makes there: ``forget`` its loop when it ends."""
+
+    @property
+    def roles(self) -> Mapping[str, NodeRole]: ...
+    @property
+    def speculate(self) -> bool: ...
+    @property
+    def slots(self) -> SpeculationSlots: ...
+    @property
+    def max_depth(self) -> int: ...
+    @property
+    def strict(self) -> bool: ...
+    @property
+    def fork_nodes(self) -> dict[str, PregelNode]: ...
+    @property
+    def threads(self) -> SharedThreads: ...
+    @property
+    def totals(self) -> RunTotals: ...
+
+    def forget(self, loop: PregelLoop) -> None: ...
 
 
 @dataclass(eq=False)
 class RunClaim:
     """Where ``arun`` finds the run its ``ainvoke`` started: the first run of ``plan``."""
 
-    plan: SpeculationPlan
+    plan: PlanView
     run: GraphRun | None = None
 
 
@@ -67,7 +94,7 @@ run_claim: contextvars.ContextVar[RunClaim | None] = contextvars.ContextVar(
 
 @dataclass(eq=False)
 class GraphRun:
-    plan: SpeculationPlan
+    plan: PlanView
     pregel: weakref.ref[PregelLoop]  # weak: nothing of a run keeps LangGraph's loop alive
     loop: asyncio.AbstractEventLoop | None  # where the speculator lives
     host: LoopThread | None = None  # that loop's thread, for a sync run
@@ -84,7 +111,7 @@ class GraphRun:
     _t0: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def bind(cls, plan: SpeculationPlan, pregel: PregelLoop) -> GraphRun:
+    def bind(cls, plan: PlanView, pregel: PregelLoop) -> GraphRun:
         """A new run for ``pregel`` (called from inside one of its tasks), closed when the
         loop exits."""
         host, loop = None, None

@@ -16,16 +16,40 @@ something to keep).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from langchain_core.runnables import RunnableConfig
 
 from spec_tot.langgraph._pregel import PregelExecutableTask, World
-from spec_tot.langgraph.entries import Entry, match_key
+from spec_tot.langgraph.entries import Entry, EntryTable, SendOwners, match_key
+from spec_tot.langgraph.roles import NodeRole
 from spec_tot.langgraph.steps import StepView
 
-if TYPE_CHECKING:
-    from spec_tot.langgraph.speculation import Speculator
+__all__ = ["Prediction", "PredictionHost", "predict"]
 
-__all__ = ["Prediction", "predict"]
+
+class PredictionHost(Protocol):
+    """What a prediction pass reads of the run's speculative side (``Speculator``), and
+    the one thing it does through it: ``launch`` a predicted task."""
+
+    @property
+    def roles(self) -> Mapping[str, NodeRole]: ...
+    @property
+    def config(self) -> RunnableConfig: ...
+    @property
+    def max_depth(self) -> int: ...
+    @property
+    def owners(self) -> SendOwners: ...
+    @property
+    def table(self) -> EntryTable: ...
+    @property
+    def closed(self) -> bool: ...
+
+    def launch(
+        self, world: World, task: PregelExecutableTask, key: Any, exact: bool
+    ) -> Entry | None: ...
+
 
 _SETTLE_TURNS = 4  # event-loop turns a pass waits for runs it has just started
 
@@ -41,7 +65,7 @@ class Prediction:
         self.reached: dict[int, bool] = {}  # step -> predicted from exact pools only
 
 
-async def predict(spec: Speculator, view: StepView) -> Prediction:
+async def predict(spec: PredictionHost, view: StepView) -> Prediction:
     """One pass over ``view``, the real step running now, launching through ``spec``."""
     out = Prediction()
     if view.world is None:
@@ -86,7 +110,7 @@ async def predict(spec: Speculator, view: StepView) -> Prediction:
 
 
 def _runs_for(
-    spec: Speculator,
+    spec: PredictionHost,
     world: World,
     tasks: list[PregelExecutableTask],
     exact: bool,
@@ -120,7 +144,7 @@ async def _settle(entries: list[Entry]) -> None:
 
 
 def _adopted_writes(
-    spec: Speculator, view: StepView, done: set[str]
+    spec: PredictionHost, view: StepView, done: set[str]
 ) -> list[tuple[PregelExecutableTask, list[Any], Entry]]:
     """The writes of the step's tasks whose adopted run has returned but which have not
     finished yet: what they will write (the same node on an equal input), known now."""
@@ -132,7 +156,7 @@ def _adopted_writes(
     ]
 
 
-def _null_step(spec: Speculator, real: World) -> list[PregelExecutableTask]:
+def _null_step(spec: PredictionHost, real: World) -> list[PregelExecutableTask]:
     out = real.fork().prepare(spec.config)
     try:
         for task in out:

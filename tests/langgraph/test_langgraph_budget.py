@@ -216,6 +216,8 @@ async def test_speculative_tasks_count_against_max_concurrency() -> None:
     assert now["peak"] == 6  # LangGraph itself uses the whole limit
     now["peak"] = 0
     app = from_langgraph(graph, mode="full")
+    slots = speculation_of(app).slots  # the CPU gate off: a loaded machine must not
+    slots.max_lag_s, slots.max_cpu_share = 1.0, float("inf")  # keep it from running ahead
     result = await app.ainvoke({}, {"max_concurrency": 6})
     assert sorted(result["items"]) == sorted(expected["items"])
     assert 0 < now["peak"] <= 6
