@@ -388,3 +388,29 @@ class OneRuleRouter(RewardRouter):
     def prepare(self, query_id: str, *args: Any, **kwargs: Any) -> Any:
         self._ensure(query_id)
         return super().prepare(query_id, *args, **kwargs)
+
+
+def straggly(seed: int, **extra: Any) -> LatencyBackend:
+    """Shuffled arrivals on a virtual clock (loop ticks): deterministic, and no real sleeps.
+    Generation latency is long-tailed: a fifth of the requests are 10x slower."""
+
+    def gen(rid: str) -> int:
+        ticks = tick_fn(seed, 6)(rid)
+        return ticks * 10 if stable_seed(seed + 7, rid) % 5 == 0 else ticks
+
+    return LatencyBackend(
+        ScriptedConfig(seed=seed, depth=4, straggler_rate=0.3, **extra),
+        gen_latency=gen,
+        reward_latency=tick_fn(seed + 1, 3),
+    )
+
+
+async def run_two(
+    policy: str, mode: str, seed: int, *, params: dict[str, Any] | None = None, **kw: Any
+) -> tuple[Any, LatencyBackend]:
+    mixed = kw.pop("mixed", False)
+    backend = straggly(seed)
+    app = make_app(backend, policy, mode, graph=toy_graph(mixed=mixed), params=params, **kw)
+    batch = await app.arun_batch(inputs("q0", "q1"))
+    assert backend.num_inflight == 0
+    return batch, backend
