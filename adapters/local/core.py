@@ -23,7 +23,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, assert_never
 
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.plugins import load_target
@@ -36,6 +36,7 @@ from .messages import (
     Add,
     Cancel,
     Classify,
+    Command,
     Done,
     ErrorInfo,
     Failed,
@@ -166,54 +167,63 @@ class EngineCore:
     def has_work(self) -> bool:
         return self.engine is not None and self.engine.has_unfinished()
 
-    def handle(self, command: Any) -> bool:
+    def handle(self, command: Command) -> bool:
         """Carry out one command; False for ``Stop``."""
         if isinstance(command, Stop):
             return False
         try:
             self._handle(command)
         except Exception as exc:  # keep the loop alive; the caller gets the error
-            if isinstance(command, Add):  # a ConfigError naming the field, to this caller only
-                self._emit(StepBatch([], [], [(command.ticket, ErrorInfo.of(exc))], {}))
-            elif hasattr(command, "call"):
-                self._emit(Failed(command.call, ErrorInfo.of(exc)))
+            match command:
+                case Add(ticket=ticket):  # a ConfigError naming the field, to this caller only
+                    self._emit(StepBatch([], [], [(ticket, ErrorInfo.of(exc))], {}))
+                case Cancel() | Start():
+                    pass  # nobody waits for a reply
+                case _:
+                    self._emit(Failed(command.call, ErrorInfo.of(exc)))
         return True
 
-    def _handle(self, command: Any) -> None:
+    def _handle(self, command: Command) -> None:
+        """One command, dispatched by its type (``messages.Command``, a closed union)."""
+        match command:
+            case Score() | Classify():
+                self._score(command)
+            case Ping(call=call):
+                self._emit(Pong(call, os.getpid()))
+            case Inspect(call=call):
+                # Scores run on their own thread: wait for those sent earlier (FIFO, one
+                # worker), or the report would count a running score's blocks as left behind.
+                self._prm_pool.submit(lambda: None).result()
+                self._emit(Pong(call, os.getpid(), self.pool_report()))
+            case Start() | Stop():
+                raise BackendError("local", f"{type(command).__name__} is not a step command")
+            case Add() | Cancel() | Abort() | Flush() | FlushPrefixCache():
+                self._engine_command(command)
+            case _:
+                assert_never(command)
+
+    def _engine_command(self, command: Add | Cancel | Abort | Flush | FlushPrefixCache) -> None:
         engine = self.engine
-        if isinstance(command, Score | Classify):
-            self._score(command)
-            return
-        if isinstance(command, Ping):
-            self._emit(Pong(command.call, os.getpid()))
-            return
-        if isinstance(command, Inspect):
-            # Scores run on their own thread: wait for those sent earlier (FIFO, one worker),
-            # or the report would count a running score's blocks as left behind.
-            self._prm_pool.submit(lambda: None).result()
-            self._emit(Pong(command.call, os.getpid(), self.pool_report()))
-            return
         if engine is None:
             raise BackendError("local", "no policy engine (built with a PRM only)")
-        if isinstance(command, Add):
-            engine.add_request(command.request, stream=command.stream)
-            self._tickets[command.request.request_id] = command.ticket
-        elif isinstance(command, Cancel):
-            engine.abort_request(command.request_id)
-            self._tickets.pop(command.request_id, None)
-        elif isinstance(command, Abort):
-            results = engine.abort(command.prefix)
-            tickets = self._tickets
-            batch = [(tickets.pop(r.request_id), r) for r in results if r.request_id in tickets]
-            self._emit(StepBatch(batch, [], [], self._stats()))
-            self._emit(Done(command.call, len(results)))
-        elif isinstance(command, Flush):
-            self._emit(Done(command.call, None, self._stats()))
-        elif isinstance(command, FlushPrefixCache):
-            idle = not engine.has_unfinished()
-            self._emit(Done(command.call, idle and engine.block_manager.reset_prefix_cache()))
-        else:
-            raise BackendError("local", f"unknown command {type(command).__name__}")
+        match command:
+            case Add(ticket=ticket, request=request, stream=stream):
+                engine.add_request(request, stream=stream)
+                self._tickets[request.request_id] = ticket
+            case Cancel(request_id=request_id):
+                engine.abort_request(request_id)
+                self._tickets.pop(request_id, None)
+            case Abort(call=call, prefix=prefix):
+                results = engine.abort(prefix)
+                tickets = self._tickets
+                done = [(tickets.pop(r.request_id), r) for r in results if r.request_id in tickets]
+                self._emit(StepBatch(done, [], [], self._stats()))
+                self._emit(Done(call, len(results)))
+            case Flush(call=call):
+                self._emit(Done(call, None, self._stats()))
+            case FlushPrefixCache(call=call):
+                idle = not engine.has_unfinished()
+                self._emit(Done(call, idle and engine.block_manager.reset_prefix_cache()))
 
     def step(self) -> None:
         """One engine step, and its outputs as one batch."""
