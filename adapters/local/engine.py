@@ -16,14 +16,12 @@ fails its own requests only.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from spec_tot.backends import matches_prefix
 from spec_tot.drafting import Drafter
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
@@ -35,11 +33,11 @@ from .intake import Intake
 from .loader import LoadedModel, build_random_model, load_model_folder
 from .model import KVCache
 from .postprocess import LogitPlan, Postprocessor, plan_logits, record_prompt_logprobs
+from .request_table import RequestTable
 from .runner import ModelRunner
 from .sampler import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import (
-    RequestState,
     ScheduledRow,
     Sequence,
     SequenceStatus,
@@ -117,9 +115,8 @@ class LLMEngine:
         self.sampler = Sampler(self.eos_ids)
         graphs = self.runner.graphs
         self.graph_capture_seconds = graphs.capture_all() if graphs is not None else 0.0
-        self.requests: dict[str, RequestState] = {}
-        self._seq_ids = itertools.count(1)
-        self.intake = Intake(config, self.validator, self.scheduler, self.requests, self._seq_ids)
+        self.requests = RequestTable(self.scheduler, self.block_manager)
+        self.intake = Intake(config, self.validator, self.scheduler, self.requests)
         self._failures: list[tuple[str, BaseException]] = []
         self.post = Postprocessor(
             self.tokenizer,
@@ -129,9 +126,7 @@ class LLMEngine:
             self.block_manager,
             self.scheduler,
             self.requests,
-            self._seq_ids,
             StopChecker(self.tokenizer, args.vocab_size),
-            self._release,
         )
         self.speculator = self._speculator() if config.token_speculation else None
         # counters (names listed in _COUNTERS; exported by ``stats()``)
@@ -183,14 +178,14 @@ class LLMEngine:
     def abort(self, prefix: str) -> list[GenerateResult]:
         """Abort requests whose id is ``prefix`` or starts with ``prefix + "/"``; their blocks
         are freed now. Returns their (partial) results."""
-        ids = {r for r in self.requests if matches_prefix(r, prefix)}
+        ids = self.requests.under(prefix)
         return self._abort_ids(ids)
 
     def abort_all(self) -> list[GenerateResult]:
         return self._abort_ids(set(self.requests))
 
     def abort_request(self, request_id: str) -> list[GenerateResult]:
-        return self._abort_ids({request_id} & self.requests.keys())
+        return self._abort_ids(self.requests.present([request_id]))
 
     def _abort_ids(self, ids: set[str]) -> list[GenerateResult]:
         if not ids:
@@ -205,14 +200,9 @@ class LLMEngine:
                 finish_member(member, text, seq, FinishReason.ABORT)
             seq.members = [m for m in seq.members if m.request.request_id not in ids]
             if not seq.members:
-                self._release(seq, SequenceStatus.ABORTED)
+                self.requests.release(seq, SequenceStatus.ABORTED)
         self.num_aborted_requests += len(ids)
         return [self.requests.pop(rid).result() for rid in sorted(ids)]
-
-    def _release(self, seq: Sequence, status: SequenceStatus) -> None:
-        self.scheduler.remove(seq)
-        self.block_manager.deallocate(seq)
-        seq.status = status
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -293,7 +283,7 @@ class LLMEngine:
 
     def _fail(self, seq: Sequence, exc: BaseException) -> None:
         """Fail every request with a member in ``seq`` (its content caused ``exc``)."""
-        ids = {m.request.request_id for m in seq.members} & self.requests.keys()
+        ids = self.requests.present(m.request.request_id for m in seq.members)
         self._failures.extend((rid, exc) for rid in sorted(ids))
         self.num_failed_requests += len(ids)
         self._abort_ids(ids)
@@ -330,7 +320,7 @@ class LLMEngine:
                     self._fail(seq, exc)
         for seq in logit_plan.finish_empty:
             self.post.finish(seq, seq.members, FinishReason.LENGTH, "", None, finished)
-            self._release(seq, SequenceStatus.FINISHED)
+            self.requests.release(seq, SequenceStatus.FINISHED)
         if not n:
             return finished
         draws = self._sample(logits[:n], logit_plan)

@@ -9,7 +9,6 @@ seed) with it. A member's samples never depend on which sequence it shares.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import random
 from typing import Any
 
@@ -20,6 +19,7 @@ from spec_tot.requests import GenerateRequest
 from spec_tot.seeds import seed_mix
 
 from .config import EngineConfig
+from .request_table import RequestTable
 from .scheduler import Scheduler
 from .sequence import Member, RequestState, Sequence, SequenceStatus
 from .synthetic import synthetic_step_len
@@ -36,14 +36,12 @@ class Intake:
         config: EngineConfig,
         validator: RequestValidator,
         scheduler: Scheduler,
-        requests: dict[str, RequestState],
-        seq_ids: itertools.count[int],
+        requests: RequestTable,
     ) -> None:
         self.config = config
         self.validator = validator
         self.scheduler = scheduler
         self.requests = requests
-        self.seq_ids = seq_ids
         self._merge_index: dict[tuple[Any, ...], Sequence] = {}
         self._seed_rng = random.Random(config.seed)
         self._arrival = 0
@@ -70,7 +68,7 @@ class Intake:
             gen = None if params.greedy else torch.Generator().manual_seed(seed_mix(seed, i))
             target = synthetic_step_len(syn, request.request_id, i) if syn else 0
             members.append(Member(state, i, gen, target))
-        self.requests[request.request_id] = state
+        self.requests.add(request.request_id, state)
         self.num_requests += 1
         self.num_prompt_tokens += len(ids)
         if not (self.config.enable_dedup and request.dedup):
@@ -103,7 +101,7 @@ class Intake:
     def _new_seq(self, ids: list[int], request: GenerateRequest, members: list[Member]) -> Sequence:
         self._arrival += 1
         return Sequence(
-            next(self.seq_ids),
+            self.requests.next_seq_id(),
             list(ids),
             len(ids),
             request.sampling,

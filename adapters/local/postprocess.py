@@ -9,7 +9,6 @@ requests get a ``StreamUpdate`` per member and token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,11 +20,11 @@ from spec_tot.requests import FinishReason, GenerateResult, StreamUpdate, TokenL
 from .block_manager import BlockManager
 from .config import SyntheticWorkload
 from .detokenizer import StopChecker, decode_incremental
+from .request_table import RequestTable
 from .sampler import token_logprobs
 from .scheduler import Scheduler, StepPlan
 from .sequence import (
     Member,
-    RequestState,
     ScheduledRow,
     Sequence,
     SequenceStatus,
@@ -130,10 +129,8 @@ class Postprocessor:
         synthetic: SyntheticWorkload | None,
         block_manager: BlockManager,
         scheduler: Scheduler,
-        requests: dict[str, RequestState],
-        seq_ids: Iterator[int],
+        requests: RequestTable,
         stops: StopChecker,
-        release: Callable[[Sequence, SequenceStatus], None],
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
@@ -142,9 +139,7 @@ class Postprocessor:
         self.block_manager = block_manager
         self.scheduler = scheduler
         self.requests = requests
-        self.seq_ids = seq_ids
         self.stops = stops
-        self.release = release
         self.stream_updates: list[StreamUpdate] = []
         self.num_generated_tokens = 0
         self.num_forks = 0
@@ -268,7 +263,7 @@ class Postprocessor:
                 seq.streaming = any(m.request.stream for m in members)
                 out.append((seq, tok))
                 continue
-            child = seq.fork(next(self.seq_ids), members)
+            child = seq.fork(self.requests.next_seq_id(), members)
             self.block_manager.fork(seq, child)
             self.scheduler.add_running(child)
             self.num_forks += 1
@@ -311,7 +306,7 @@ class Postprocessor:
         if text is None:
             text = self._text(seq, drop_last)
         self.finish(seq, seq.members, reason, text, matched, finished)
-        self.release(seq, SequenceStatus.FINISHED)
+        self.requests.release(seq, SequenceStatus.FINISHED)
         return True
 
     def _text(self, seq: Sequence, drop_last: bool) -> str:
