@@ -243,10 +243,10 @@ class SearchTree:
     def revive(self, node: Node) -> None:
         """A node derives again (its parent's walk changed, or it was adopted stale): a
         cancelled one runs again as what it is; a running one goes on."""
-        if node.status is NodeStatus.CANCELLED:
-            node.status = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
-        elif node.status not in (NodeStatus.RUNNING, NodeStatus.SPECULATIVE):
-            raise IllegalTransition(node.id, "revive", node.status.value)
+        if node.status in (NodeStatus.RUNNING, NodeStatus.SPECULATIVE):
+            return
+        to = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
+        self._move(node, "revive", to, {NodeStatus.CANCELLED})
 
     def _move(
         self,
