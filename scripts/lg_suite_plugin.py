@@ -106,8 +106,14 @@ def node_function(bound: Any) -> Any:
 
 STATS: dict[str, Any] = {"graphs": 0, "speculable": 0, "excluded": collections.Counter()}
 # The totals only, never the plans: a plan holds its graph's nodes, and through them what
-# a test left on them (LangGraph's refcount test counts every loop still reachable).
-TOTALS: list[Any] = []
+# a test left on them (LangGraph's refcount test counts every loop still reachable). Each
+# is kept with the test file that built its graph, for the per-file launched/adopted check.
+TOTALS: list[tuple[str, Any]] = []
+CURRENT_FILE = ["(collection)"]
+
+
+def pytest_runtest_setup(item: Any) -> None:
+    CURRENT_FILE[0] = item.nodeid.split("::")[0]
 
 
 def auto_roles(compiled: Any) -> dict[str, dict[str, Any]]:
@@ -136,7 +142,7 @@ def route(compiled: Any) -> Any:
     roles = auto_roles(compiled) if MODE == "full" else None
     graph = from_langgraph(compiled, mode=MODE, roles=roles)
     STATS["graphs"] += 1
-    TOTALS.append(speculation_of(graph).totals)
+    TOTALS.append((CURRENT_FILE[0], speculation_of(graph).totals))
     return graph
 
 
@@ -145,15 +151,26 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     path = os.environ.get("SPEC_TOT_LG_STATS")
     if not path:
         return
-    totals = collections.Counter()
-    for run_totals in TOTALS:
-        totals.update(run_totals.to_dict())
+    totals: collections.Counter[str] = collections.Counter()
+    per_file: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for test_file, run_totals in TOTALS:
+        figures = run_totals.to_dict()
+        totals.update(figures)
+        per_file[test_file].update(figures)
     out = {
         "mode": MODE,
         "graphs": STATS["graphs"],
         "speculable_nodes": STATS["speculable"],
         "excluded_nodes": dict(STATS["excluded"].most_common()),
         "runs": dict(totals),
+        "per_file": {
+            name: {
+                "launched": c["speculative"],
+                "adopted": c["adopted"],
+                "within_3x_adopted_plus_50": c["speculative"] <= 3 * c["adopted"] + 50,
+            }
+            for name, c in sorted(per_file.items())
+        },
     }
     with open(path, "w") as f:
         json.dump(out, f, indent=2)
