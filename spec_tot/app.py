@@ -10,7 +10,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from spec_tot._private.compiled import CompiledGraph
 from spec_tot._private.runnable import ChainRuns, configured_app
 from spec_tot._private.threads import run_sync
-from spec_tot.backends import GenerationBackend, RewardBackend, default_registry
+from spec_tot.backends import GenerationBackend, RewardBackend, default_registry, start_backends
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
@@ -148,6 +148,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         """Run queries concurrently on one backend; one's failure never stops the others.
         ``on_result`` is called as each query finishes (progress bars); ``on_event`` gets
         every search event (``spec_tot.events.ToTEvent``) as it happens."""
+        await start_backends(self.backend, self.reward_scorer)
         hub = hub_for(self.backend)
         queries = self._reserve(hub, inputs)
         return await self._run(hub, queries, max_concurrency, on_result, on_event)
@@ -258,6 +259,7 @@ class ToTApp(Runnable[Any, ToTResult]):
         batch. The query ids are reserved up front (events need them) and released at the
         end."""
         app = configured_app(self, configs[0] if configs else None)
+        await start_backends(app.backend, app.reward_scorer)
         hub = hub_for(app.backend)
         queries = app._reserve(hub, inputs)
         try:

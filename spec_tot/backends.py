@@ -26,6 +26,7 @@ __all__ = [
     "RewardBackend",
     "default_registry",
     "matches_prefix",
+    "start_backends",
 ]
 
 
@@ -83,8 +84,23 @@ class GenerationBackend(ABC):
         returns its latest figure."""
         return None
 
+    async def start(self) -> None:  # noqa: B027 - optional hook, most backends start nothing
+        """Bring the backend up (an engine process, a server's limits) and wait until it is
+        ready; idempotent. spec-tot's apps call it before a run; properties such as
+        ``capabilities`` then answer at once."""
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections, threads and memory."""
+
+
+async def start_backends(*backends: object) -> None:
+    """``await backend.start()`` for each distinct spec-tot backend among ``backends`` (the
+    rest, such as reward functions, have nothing to start)."""
+    seen: set[int] = set()
+    for backend in backends:
+        if isinstance(backend, GenerationBackend | RewardBackend) and id(backend) not in seen:
+            seen.add(id(backend))
+            await backend.start()
 
 
 class RewardBackend(ABC):
@@ -108,6 +124,9 @@ class RewardBackend(ABC):
         counts these); a backend with a prefix cache may count only the part it would
         compute."""
         return max(1, len(item.text) // 4)
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Bring the scorer up and wait until it is ready (see ``GenerationBackend.start``)."""
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""

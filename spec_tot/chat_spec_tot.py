@@ -34,7 +34,12 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from spec_tot._private.threads import iterate_in_thread, run_sync
-from spec_tot.backends import BackendRegistry, GenerationBackend, default_registry
+from spec_tot.backends import (
+    BackendRegistry,
+    GenerationBackend,
+    default_registry,
+    start_backends,
+)
 from spec_tot.branch_context import BranchContext, current_branch
 from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
 from spec_tot.errors import BackendError, ConfigError
@@ -156,6 +161,7 @@ class ChatSpecTot(BaseChatModel):
         """The request of one call, while it runs: admitted by the branch's runner (a
         speculative branch holds budget sequences), abortable with its branch, and counted
         as the backend's committed load unless speculative."""
+        await start_backends(backend)  # an engine comes up before any budget is held on it
         branch = current_branch.get()
         admit = branch.admit(backend, int(kwargs.get("n", 1))) if branch is not None else None
         async with admit or contextlib.nullcontext():
@@ -295,6 +301,7 @@ class ChatSpecTot(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        await start_backends(self.generation_backend)
         if self.streams():
             async for chunk in self._tokens(self.generation_backend, messages, stop, kwargs):
                 yield chunk

@@ -50,7 +50,6 @@ async def served(
         host="127.0.0.1",
         port=port,
         log_level="error",
-        lifespan="off",
     )
     server = GuardedServer(config)
     task = asyncio.create_task(server.serve())

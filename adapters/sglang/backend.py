@@ -141,14 +141,19 @@ class SGLangBackend(GenerationBackend, RewardBackend):
             self._info = info if isinstance(info, dict) else {}
         return self._info
 
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if request.request_id in self._members:
-            raise BackendError("sglang", f"duplicate in-flight request id {request.request_id!r}")
+    async def start(self) -> None:
+        """Size ``capabilities`` from the server before a run reads them; best effort: an
+        unreachable server keeps the default sizes (requests fail over on their own)."""
         if self._info is None:
             try:
                 await self.server_info()
             except BackendError:
-                self._info = None  # generate() fails over on its own; sizes stay default
+                self._info = None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if request.request_id in self._members:
+            raise BackendError("sglang", f"duplicate in-flight request id {request.request_id!r}")
+        await self.start()
         self.loads.start()
         member = Member(request, asyncio.get_running_loop().create_future())
         self._members[request.request_id] = member

@@ -20,7 +20,8 @@ settings leave half-open connections open forever, and its accept loop meets ``E
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from starlette.applications import Starlette
@@ -87,7 +88,14 @@ def create_server_app(
         # A fault outside the guarded routes (body errors, 413 included, are answered there).
         return internal_error(exc)
 
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        await backend.start()  # the engine is up before the first request is accepted
+        ctx.limits  # noqa: B018 - read now, so no request pays for it
+        yield
+
     app = Starlette(
+        lifespan=lifespan,
         routes=[*native_routes(ctx), *openai_routes(ctx)],
         exception_handlers={
             HTTPException: http_error,

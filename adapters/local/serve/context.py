@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -59,18 +60,22 @@ class ServeContext:
         self.model_path = model_path
         self.model_name = model_name
         self.version = "spec-tot-serve (SGLang 0.5.23 native API)"
-        policy = backend.policy
+
+    @functools.cached_property
+    def limits(self) -> Limits:
+        """What a request may ask, from the engine's own limits (read once it has started:
+        the server's startup starts it)."""
+        policy = self.backend.policy
         cap = self.serve_limits.max_samples_per_request
         if policy is None:
-            self.limits = Limits(vocab_size=0, max_len=0, max_prompt_chars=0, max_samples=cap)
-        else:
-            self.limits = Limits(
-                vocab_size=policy.vocab_size,
-                max_len=policy.max_len,
-                # the engine's own bound: its longest token's characters per position
-                max_prompt_chars=policy.max_prompt_chars,
-                max_samples=cap,
-            )
+            return Limits(vocab_size=0, max_len=0, max_prompt_chars=0, max_samples=cap)
+        return Limits(
+            vocab_size=policy.vocab_size,
+            max_len=policy.max_len,
+            # the engine's own bound: its longest token's characters per position
+            max_prompt_chars=policy.max_prompt_chars,
+            max_samples=cap,
+        )
 
     async def read_json(self, request: Request) -> Any:
         """The body as JSON; a bad body is a ``ConfigError``. The body is refused past

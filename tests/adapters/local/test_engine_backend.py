@@ -149,3 +149,27 @@ async def test_prm_scores_match_transformers(make_backend: Any, tiny_prm: Path) 
             if t == tag
         ]
         assert got == pytest.approx(want, abs=1e-5)
+
+
+async def test_start_is_explicit_and_properties_are_cheap(make_backend: Any) -> None:
+    """Before ``start()`` no core runs and the cheap properties say what to do; after it,
+    they read what the core reported. ``start()`` twice starts one core."""
+    backend = make_backend(process=False)
+    assert not backend.running
+    for read in (lambda: backend.policy, lambda: backend.tokenizer, lambda: backend.validator):
+        with pytest.raises(BackendError, match=r"await backend\.start\(\)"):
+            read()
+    assert not backend.running  # reading a property started nothing
+    await backend.start()
+    engine = backend.engine
+    await backend.start()
+    assert backend.running and backend.engine is engine
+    assert backend.policy is not None and backend.policy.vocab_size > 0
+    assert backend.count_tokens("hello world") >= 1
+
+
+async def test_capabilities_start_a_core_that_never_ran(make_backend: Any) -> None:
+    """The contract reads ``capabilities`` synchronously, so it alone may start the core."""
+    backend = make_backend(process=False)
+    assert backend.capabilities.saturation_batch >= 1
+    assert backend.running

@@ -107,6 +107,7 @@ async def test_a_step_that_raises_fails_only_its_request(
     backend = make_backend(
         max_model_len=512, process=process, core_hook="engine_fixtures:skip_validation"
     )
+    await backend.start()
     monkeypatch.setattr(backend.validator, "check_request", lambda request: None)
     tasks = [backend.generate(_good(i)) for i in range(16)]
     tasks.insert(

@@ -153,7 +153,7 @@ async def test_the_prm_in_a_process_of_its_own(make_backend: Any, tiny_prm: Path
 def test_the_prm_shares_the_engine_process_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes share a GPU by time slices: on CUDA the default puts the PRM beside the
     engine; on CPU it gets its own child; an explicit setting wins either way."""
-    from spec_tot.adapters.local import backend as backend_module
+    from spec_tot.adapters.local import cores as backend_module
     from spec_tot.adapters.local.config import CoreOptions
 
     engine = EngineConfig(model_config={})
