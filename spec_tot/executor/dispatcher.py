@@ -57,6 +57,7 @@ class Offer:
     launch: Callable[[Offer], bool]
     saved_s: float = 0.0  # critical-path seconds a hit saves besides its generation
     reward_s: float = 0.0  # reward seconds scoring it costs (wasted on a miss)
+    waste_s: float = 0.0  # the process's CPU seconds its own run costs (wasted on a miss)
     confidence: float = 1.0  # the predictor's own estimate that it is needed, in [0, 1]
 
     @property
@@ -212,10 +213,12 @@ class Dispatcher:
         p = self.rates.rate(offer.slot)
         rows = self.rows()
         saved = offer.tokens * self.curve.step_s(rows + 1) + offer.saved_s
-        miss = offer.tokens * self.curve.marginal_s(rows) * max(rows, 1) + offer.reward_s
-        # Seconds only once the curve is measured: before, its unit is one step, and a
-        # launch's CPU seconds are not comparable with it.
-        cpu = self.cpu_s if self.curve.measured else 0.0
+        miss = offer.tokens * self.curve.marginal_s(rows) * max(rows, 1)
+        miss += offer.reward_s + offer.waste_s
+        # Seconds once the curve is measured, or for an offer that generates nothing (a
+        # LangGraph function node): before, a token's unit is one step, and a launch's CPU
+        # seconds are not comparable with it.
+        cpu = self.cpu_s if self.curve.measured or not offer.tokens else 0.0
         return p * saved - (1.0 - p) * miss - cpu
 
     def hit(self, offer: Offer) -> None:
@@ -315,10 +318,16 @@ class Dispatcher:
                 heapq.heappush(self._heap, (-value, seq, client, generation, offer))
                 return
             before = self.clock()
-            if offer.launch(offer):
+            launched = offer.launch(offer)
+            self.launch_cost(self.clock() - before)
+            if launched:
                 self._launched(offer)
-            spent = max(0.0, self.clock() - before)
-            self.cpu_s = spent if not self.launches else 0.9 * self.cpu_s + 0.1 * spent
+
+    def launch_cost(self, seconds: float) -> None:
+        """One launch took ``seconds`` of the executor's CPU (measured by whoever launched
+        it, for a launch admitted by ``try_start``)."""
+        spent = max(0.0, seconds)
+        self.cpu_s = spent if not self.launches else 0.9 * self.cpu_s + 0.1 * spent
 
     def _launched(self, offer: Offer) -> None:
         self.launches += 1

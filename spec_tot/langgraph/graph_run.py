@@ -186,10 +186,12 @@ class GraphRun:
             if self.closing:
                 raise concurrent.futures.CancelledError("the run is closing")
         token = current_branch.set(self._branch(view, task))
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return node.inner.invoke(input, config, **kw)
         finally:
             current_branch.reset(token)
+            self._observe(task.name, wall, cpu)
 
     async def acall(self, node: AdoptingNode, input: Any, config: RunnableConfig, kw: Any) -> Any:
         """A real task calls a speculable node (async, on the run's loop)."""
@@ -207,10 +209,19 @@ class GraphRun:
             if self.closing:
                 raise asyncio.CancelledError("the run is closing")
         token = current_branch.set(self._branch(view, task))
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             return await node.inner.ainvoke(input, config, **kw)
         finally:
             current_branch.reset(token)
+            # The loop's CPU over the call: other tasks' too, so an upper bound of its own.
+            self._observe(task.name, wall, cpu)
+
+    def _observe(self, node: str, wall: float, cpu: float) -> None:
+        """What a committed run of ``node`` cost since ``wall``/``cpu``: what running it
+        ahead would save on a hit and waste on a miss (the speculation rule weighs both)."""
+        wall_s, cpu_s = time.perf_counter() - wall, time.thread_time() - cpu
+        self.plan.slots.observe_node(node, wall_s, cpu_s)
 
     def task_done(self, config: RunnableConfig) -> None:
         """A real task's writes are complete (its last writer runs this)."""

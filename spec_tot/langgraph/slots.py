@@ -54,6 +54,9 @@ class SpeculationSlots:
     own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
     lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
     max_lag_s: float = 0.005
+    # node -> (wall, CPU) seconds of its committed runs, moving averages: what a hit saves
+    # and what a miss wastes, for a node that is not a model call.
+    node_costs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -99,6 +102,17 @@ class SpeculationSlots:
         if all(h is not hub for h in self.hubs):
             self.hubs.append(hub)
         return hub
+
+    def observe_node(self, node: str, wall_s: float, cpu_s: float) -> None:
+        """A committed run of ``node`` took ``wall_s`` seconds, ``cpu_s`` of them this
+        thread's CPU."""
+        old = self.node_costs.get(node)
+        sample = (max(0.0, wall_s), max(0.0, min(cpu_s, wall_s)))
+        self.node_costs[node] = (
+            sample
+            if old is None
+            else (0.8 * old[0] + 0.2 * sample[0], 0.8 * old[1] + 0.2 * sample[1])
+        )
 
     def for_run(self, key: str, shares_loop: bool = True) -> RunSlots:
         return RunSlots(self, key, shares_loop)
@@ -180,19 +194,32 @@ class RunSlots:
         if self.shares_loop:  # only a loop real tasks share says anything of their delay
             self.app.observe_lag(seconds)
 
-    def acquire(self, kind: str, level: int, reserve: bool) -> Lease | None:
+    def acquire(
+        self, kind: str, level: int, reserve: bool, node: str = "", unblocks_s: float = 0.0
+    ) -> Lease | None:
         """Room for one new speculative task of node ``kind`` predicted ``level`` steps
         ahead, or None (not admitted, the app's limit, or the loop lags). ``reserve``: the
         task is a model call; it reserves one sequence on every known dispatcher now (each
-        must admit it), so that the launches of one pass see each other."""
+        must admit it), so that the launches of one pass see each other. Any other task is
+        admitted by the app's own dispatcher on its committed runs' cost (``node``'s): a hit
+        saves their wall seconds plus ``unblocks_s`` (the model calls it lets run ahead), a
+        miss wastes their CPU; a node never run is not worth running ahead."""
         app = self.app
         if self.closed or not self.idle or (app.limit is not None and app.used >= app.limit):
             return None
-        dispatchers = app.dispatchers() if reserve or not app.hubs else []
-        tokens = max((d.mean_tokens for d in dispatchers), default=0.0) or 1.0
-        offer = Offer(kind, level, tokens, _started)
-        for hub in app.hubs if reserve else []:
-            self._join(hub)
+        if reserve:
+            dispatchers = app.dispatchers()
+            tokens = max((d.mean_tokens for d in dispatchers), default=0.0) or 1.0
+            offer = Offer(kind, level, tokens, _started)
+            for hub in app.hubs:
+                self._join(hub)
+        else:
+            cost = app.node_costs.get(node)
+            if cost is None:
+                return None
+            dispatchers = [app.own]
+            saved = cost[0] + unblocks_s
+            offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[1])
         admitted: list[Dispatcher] = []
         for dispatcher in dispatchers:
             if not dispatcher.try_start(self.key, offer):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from spec_tot.langgraph.entries import Entry, EntryTable, SendOwners, match_key
 from spec_tot.langgraph.prediction import Prediction, predict
 from spec_tot.langgraph.results import TaskRecord, TaskStatus
 from spec_tot.langgraph.roles import NodeRole
-from spec_tot.langgraph.slots import RunSlots
+from spec_tot.langgraph.slots import Lease, RunSlots
 from spec_tot.langgraph.steps import StepView
 
 __all__ = ["Speculator"]
@@ -70,6 +71,11 @@ class Speculator:
     _recorded: set[str] = field(default_factory=set)
     _ids_issued: int = 0  # speculative runs launched; the next run's serial
     failed_passes: int = 0  # passes a user function failed on (partial state)
+
+    @functools.cached_property
+    def _thoughts(self) -> tuple[str, ...]:
+        """The graph's model-call nodes."""
+        return tuple(name for name, role in self.roles.items() if role.kind == "thought")
 
     # -- the run's side -------------------------------------------------------------------
     def reserve(self, view: StepView) -> tuple[list[Entry], list[Entry]]:
@@ -210,11 +216,24 @@ class Speculator:
         kind, level = f"langgraph:{task.name}", 1 if exact else 2
         role = self.roles.get(task.name)
         reserve = role is not None and role.kind == "thought"
-        lease = self.slots.acquire(kind, level, reserve)
+        before = time.thread_time()
+        # A function node run ahead lets the model calls after it run ahead: a hit saves
+        # the longest of them too (none when the graph makes no model call).
+        costs = self.slots.app.node_costs
+        unblocks = max((costs.get(n, (0.0,))[0] for n in self._thoughts), default=0.0)
+        lease = self.slots.acquire(kind, level, reserve, task.name, unblocks)
         if lease is None and self._evict():
-            lease = self.slots.acquire(kind, level, reserve)
+            lease = self.slots.acquire(kind, level, reserve, task.name, unblocks)
         if lease is None:
             return None
+        entry = self._start(world, task, key, exact, lease)
+        for dispatcher in lease.launched_on:  # what a launch costs, against what it saves
+            dispatcher.launch_cost(time.thread_time() - before)
+        return entry
+
+    def _start(
+        self, world: World, task: PregelExecutableTask, key: Any, exact: bool, lease: Lease
+    ) -> Entry:
         n = self._ids_issued
         self._ids_issued = n + 1
         branch = BranchContext(f"{self.prefix}/spec{n}", speculative=True, loop=self.loop)
