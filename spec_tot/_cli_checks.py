@@ -13,11 +13,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import ipaddress
 import json
 import math
 import os
-import socket
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -40,24 +38,22 @@ __all__ = [
     "backend_error",
     "backend_registry",
     "backend_schema",
-    "check_bind",
     "check_json_path",
     "check_rounds",
     "int_list",
-    "is_loopback",
     "mode_list",
     "parse_backend_options",
     "parse_pairs",
-    "parse_serve_limits",
     "plan_runs",
     "program_for",
+    "schema_of",
+    "typed_pairs",
 ]
 
 MAX_ROUNDS = 1000  # a bench of more rounds is a typo, not a measurement
 
 # Set by the factory itself from its own arguments, never by a user's option.
 _NOT_OPTIONS = frozenset({"model", "http"})
-_SERVE_LIMITS = "spec_tot.adapters.local.serve.limits:ServeLimits"
 
 
 def backend_registry() -> BackendRegistry:
@@ -108,7 +104,7 @@ def mode_list(text: str, option: str) -> list[str]:
 
 
 # -- typed KEY=VALUE options ----------------------------------------------------------------------
-def _schema_of(obj: Any) -> dict[str, Any]:
+def schema_of(obj: Any) -> dict[str, Any]:
     """Option name -> annotation, from a dataclass's fields or a callable's named parameters.
     An annotation that does not resolve at run time (a TYPE_CHECKING import) counts as Any."""
     if dataclasses.is_dataclass(obj) and isinstance(obj, type):
@@ -143,7 +139,7 @@ def backend_schema(backend: str, registry: BackendRegistry | None = None) -> dic
         return None
     schema: dict[str, Any] = {}
     for source in sources:
-        schema.update(_schema_of(load_target(source) if isinstance(source, str) else source))
+        schema.update(schema_of(load_target(source) if isinstance(source, str) else source))
     return {k: v for k, v in schema.items() if k not in _NOT_OPTIONS}
 
 
@@ -151,7 +147,7 @@ def policy_schema(search: str) -> dict[str, Any]:
     """The policy's constructor parameters (an instance with defaults tells its class)."""
     with as_option("--search"):
         policy = create_policy(search)
-    return _schema_of(type(policy))
+    return schema_of(type(policy))
 
 
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -245,33 +241,6 @@ def backend_error(
     return ConfigError("--backend-opt", f"{key}: {message}")
 
 
-def parse_serve_limits(pairs: Sequence[str] | None) -> Any:
-    """``--limit NAME=VALUE`` pairs as a checked ``ServeLimits`` (its connection cap checked
-    against the open-file limit too); errors name ``--limit NAME``."""
-    limits_type = load_target(_SERVE_LIMITS)
-    typed = typed_pairs(parse_pairs(pairs, "--limit"), _schema_of(limits_type), "--limit")
-    try:
-        limits = limits_type(**typed)
-        limits.connection_plan()
-    except ConfigError as exc:
-        message = str(exc).removeprefix(f"{exc.field}: ")
-        raise ConfigError(f"--limit {exc.field}", message) from None
-    return limits
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` reaches only this machine (every address it resolves to)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
-
-
 def program_for(program: str | None, backend: str | None) -> str:
     """The toy program fits the synthetic backends; real models run Game of 24."""
     if program is not None:
@@ -353,21 +322,6 @@ def plan_runs(
     with as_option("--param"):
         prog.build(backend=ScriptedBackend(), search=search_name, search_params=params)
     return Plan(prog, backend_name, search_name, params, options, tuple(configs), inputs, registry)
-
-
-def check_bind(host: str, port: int) -> None:
-    """Fail now, before the engine loads, if ``host:port`` cannot be bound."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except (OSError, UnicodeError) as exc:
-        raise ConfigError("--host", f"cannot resolve {host!r}: {exc}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            raise ConfigError("--port", f"cannot bind {host}:{port}: {exc.strerror}") from None
 
 
 def check_json_path(path: Path | None, option: str = "--json") -> None:

@@ -17,40 +17,36 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from spec_tot import cli_kit
 from spec_tot._cli_checks import (
     MAX_ROUNDS,
     Plan,
     as_option,
-    backend_error,
-    backend_registry,
-    check_bind,
     check_json_path,
     check_rounds,
     error_line,
     int_list,
-    is_loopback,
     mode_list,
-    parse_backend_options,
     parse_pairs,
-    parse_serve_limits,
     plan_runs,
 )
 from spec_tot._cli_interrupt import RunInterrupted, StopSignal, partial_batch
 from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
 from spec_tot.backends import BackendRegistry
+from spec_tot.cli_kit import COMMAND_ENTRY_POINTS
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
+from spec_tot.plugins import declared, load_target
 from spec_tot.programs import load_program
 from spec_tot.rounds import schedule_rounds
 
-__all__ = ["API_KEY_ENV", "app", "main", "run_cli"]
+__all__ = ["app", "main", "run_cli"]
 
-API_KEY_ENV = "SPEC_TOT_API_KEY"
 TRACEBACK_ENV = "SPEC_TOT_TRACEBACK"  # set to 1 to see the traceback of an unexpected error
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
-console = Console(stderr=True)
+console = cli_kit.console
 # Wide enough for the results table when piped to a file or a CI log.
 out = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 150))
 
@@ -61,34 +57,11 @@ _CLICK_ERROR: type[Exception] = next(
 )
 
 
-def _start_backend(
-    name: str,
-    options: dict[str, Any],
-    given: str,
-    keys: Sequence[str] = (),
-    registry: BackendRegistry | None = None,
-) -> Any:
-    """Create the backend (this is where models load); a bad option value is a usage error
-    naming the option the user typed (``keys``: the ones they gave), any other failure one
-    line naming the options the user gave."""
-    registry = registry or backend_registry()
-    try:
-        return registry.create(name, **options)
-    except ConfigError as exc:
-        raise backend_error(name, exc, keys, registry) from exc
-    except UnknownNameError as exc:
-        raise ConfigError("--backend-opt", str(exc)) from exc
-    except Exception as exc:
-        raise ExecutionError(
-            f"backend {name!r} did not start ({given}): {error_line(exc)}"
-        ) from exc
-
-
 async def _one_run(
     plan: Plan, config: ExecutorConfig, show_tree: bool, stop: StopSignal
 ) -> RunOutcome:
     options = {**plan.program.backend_options(plan.backend), **plan.backend_options}
-    backend = _start_backend(
+    backend = cli_kit.start_backend(
         plan.backend, options, plan.options_text(), tuple(plan.backend_options), plan.registry
     )
     try:
@@ -224,25 +197,6 @@ def _bench(*, show_tree: bool = False, **selection: Any) -> list[dict[str, Any]]
     return [r.row for r in _execute(plan_runs(**selection), show_tree)]
 
 
-ProgramOpt = Annotated[
-    str | None,
-    typer.Option(help="ToT program: game24 | toy (default: toy on scripted/sim, else game24)."),
-]
-BackendOpt = Annotated[str | None, typer.Option(help="Backend name (default: the program's).")]
-SearchOpt = Annotated[str | None, typer.Option(help="Search policy (default: the program's).")]
-SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
-ParamOpt = Annotated[list[str] | None, typer.Option(help="Search parameter KEY=VALUE.")]
-BackendParamOpt = Annotated[list[str] | None, typer.Option(help="Backend option KEY=VALUE.")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]
-DatasetOpt = Annotated[
-    str | None,
-    typer.Option(
-        help="Inputs from a dataset: a name the program knows or a JSONL path "
-        "(math: gsm8k, or GSM8K / MATH JSONL)."
-    ),
-]
-
-
 def _plan_and_report(
     *,
     param: list[str] | None,
@@ -276,18 +230,18 @@ def _plan_and_report(
 @app.command()
 def run(
     ctx: typer.Context,
-    program: ProgramOpt = None,
-    backend: BackendOpt = None,
-    search: SearchOpt = None,
+    program: cli_kit.ProgramOpt = None,
+    backend: cli_kit.BackendOpt = None,
+    search: cli_kit.SearchOpt = None,
     queries: Annotated[int, typer.Option(min=1, help="Number of puzzles.")] = 100,
-    dataset: DatasetOpt = None,
+    dataset: cli_kit.DatasetOpt = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Queries in flight at once.")] = 32,
     mode: Annotated[str, typer.Option(help=f"Executor mode: {', '.join(MODES)}.")] = "full",
     compare: Annotated[bool, typer.Option(help="Also run baseline mode beside it.")] = False,
-    seed: SeedOpt = 0,
-    param: ParamOpt = None,
-    backend_opt: BackendParamOpt = None,
-    json_path: JsonOpt = None,
+    seed: cli_kit.SeedOpt = 0,
+    param: cli_kit.ParamOpt = None,
+    backend_opt: cli_kit.BackendParamOpt = None,
+    json_path: cli_kit.JsonOpt = None,
     show_tree: Annotated[bool, typer.Option(help="Show the search trees live.")] = False,
 ) -> None:
     """Run a ToT program end to end and print solved rate, queries/s and tokens/s."""
@@ -318,17 +272,17 @@ def run(
 @app.command()
 def bench(
     ctx: typer.Context,
-    program: ProgramOpt = None,
-    backend: BackendOpt = None,
-    search: SearchOpt = None,
+    program: cli_kit.ProgramOpt = None,
+    backend: cli_kit.BackendOpt = None,
+    search: cli_kit.SearchOpt = None,
     modes: Annotated[str, typer.Option(help="Comma-separated executor modes.")] = "baseline",
     concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,32",
     queries: Annotated[int, typer.Option(min=1, help="Queries per run.")] = 32,
-    dataset: DatasetOpt = None,
-    seed: SeedOpt = 0,
-    param: ParamOpt = None,
-    backend_opt: BackendParamOpt = None,
-    json_path: JsonOpt = None,
+    dataset: cli_kit.DatasetOpt = None,
+    seed: cli_kit.SeedOpt = 0,
+    param: cli_kit.ParamOpt = None,
+    backend_opt: cli_kit.BackendParamOpt = None,
+    json_path: cli_kit.JsonOpt = None,
     rounds: Annotated[
         int,
         typer.Option(
@@ -367,136 +321,8 @@ def bench(
     )
 
 
-def api_key_from(given: str | None) -> tuple[str | None, str]:
-    """The API key and where it came from: ``--api-key``, else ``$SPEC_TOT_API_KEY`` when
-    the variable is set at all (set and empty is an error, never auth turned off)."""
-    if given is not None:
-        return given, "--api-key"
-    if API_KEY_ENV in os.environ:
-        return os.environ[API_KEY_ENV], f"${API_KEY_ENV}"
-    return None, "--api-key"
-
-
-def build_server(
-    program: str | None,
-    backend_opt: Sequence[str] | None,
-    api_key: str | None,
-    *,
-    host: str = "127.0.0.1",
-    port: int | None = None,
-    limits: Sequence[str] | None = None,
-    insecure_no_auth: bool = False,
-    key_source: str = "--api-key",
-    allow_origin: Sequence[str] | None = None,
-) -> Any:
-    """The ``serve`` app: every option checked (auth, limits, the port tried) before the
-    engine loads. Without a key a non-loopback ``host`` is refused unless
-    ``insecure_no_auth``."""
-    from spec_tot.adapters.local.serve import check_api_key, create_server_app
-    from spec_tot.adapters.local.serve.origin import check_origins
-
-    origins = check_origins(allow_origin or (), "--allow-origin")
-    with as_option("--program"):
-        prog = load_program(program or "game24")
-    given = parse_backend_options(backend_opt, "local")
-    serve_limits = parse_serve_limits(limits)
-    if api_key is not None:
-        check_api_key(api_key, key_source)
-        if insecure_no_auth:
-            raise ConfigError(
-                "--insecure-no-auth", f"given with an API key ({key_source}): choose one"
-            )
-    elif not insecure_no_auth and not is_loopback(host):
-        raise ConfigError(
-            "--host",
-            f"{host} is reachable from other machines and no API key is set: give --api-key "
-            f"(or ${API_KEY_ENV}), or --insecure-no-auth to serve without authentication",
-        )
-    if port is not None:
-        check_bind(host, port)
-    options = {**prog.backend_options("local"), **given}
-    pairs = " ".join(f"{k}={v}" for k, v in given.items())
-    backend = _start_backend(
-        "local", options, f"--backend-opt {pairs}" if pairs else "defaults", tuple(given)
-    )
-    return create_server_app(
-        backend,
-        model_path=str(options.get("policy_path", "")),
-        api_key=api_key,
-        limits=serve_limits,
-        allowed_origins=origins,
-    )
-
-
 @app.command()
-def serve(
-    program: ProgramOpt = None,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=1, max=65535, help="Port to bind.")] = 30000,
-    backend_opt: BackendParamOpt = None,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            help="Require 'Authorization: Bearer KEY' on every route (as SGLang's --api-key); "
-            f"default: ${API_KEY_ENV} when set. An empty or padded key is refused.",
-            show_default=False,
-        ),
-    ] = None,
-    insecure_no_auth: Annotated[
-        bool,
-        typer.Option(help="Serve a non-loopback --host without an API key (anyone can use it)."),
-    ] = False,
-    limit: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Server limit NAME=VALUE (ServeLimits: max_samples_per_request, "
-            "max_inflight_samples, max_connections, header_timeout_s, stream_stall_s, ...)."
-        ),
-    ] = None,
-    allow_origin: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="A web origin (https://host:port) whose pages may call this server; "
-            "repeatable. Default: none (a request with an Origin header is a 403)."
-        ),
-    ] = None,
-) -> None:
-    """Serve the embedded engine (and the program's PRM) over SGLang's native HTTP API."""
-    from spec_tot.adapters.local.serve import GuardedServer, server_config
-
-    key, source = api_key_from(api_key)
-    server = build_server(
-        program,
-        backend_opt,
-        key,
-        host=host,
-        port=port,
-        limits=limit,
-        insecure_no_auth=insecure_no_auth,
-        key_source=source,
-        allow_origin=allow_origin,
-    )
-    config = server_config(server, host=host, port=port)
-    if key is None and not is_loopback(host):
-        console.print(
-            f"warning: serving on {host} with no API key (--insecure-no-auth): anyone who "
-            "reaches the port can generate and abort requests",
-            soft_wrap=True,
-            markup=False,
-        )
-    guard = server.state.connections
-    auth = f"Bearer key from {source}" if key is not None else "no auth"
-    console.print(
-        f"spec-tot serve: http://{host}:{port} (SGLang native API subset; {auth}; "
-        f"at most {guard.cap} connections)",
-        soft_wrap=True,
-        markup=False,
-    )
-    GuardedServer(config).run()
-
-
-@app.command()
-def graph(program: ProgramOpt = None) -> None:
+def graph(program: cli_kit.ProgramOpt = None) -> None:
     """Print a program's compiled graph as Mermaid."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
@@ -504,6 +330,20 @@ def graph(program: ProgramOpt = None) -> None:
         prog = load_program(program or "game24")
     tot = prog.build(backend=ScriptedBackend(), search=prog.default_search, search_params={})
     out.print(graph_to_mermaid(tot.graph), markup=False, highlight=False)
+
+
+# Commands that live with what they serve, registered by name so the core imports none of
+# them (``spec_tot.cli_kit``: how a plug-in adds its own).
+_BUILTIN_COMMANDS = {"serve": "spec_tot.adapters.local.serve.command:serve"}
+
+
+def _add_commands() -> None:
+    targets = {**_BUILTIN_COMMANDS, **declared(COMMAND_ENTRY_POINTS, _BUILTIN_COMMANDS)}
+    for name, target in targets.items():
+        app.command(name)(load_target(target))
+
+
+_add_commands()
 
 
 def _say(line: str) -> None:

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from engine_fixtures import tiny_llama
 
-from spec_tot import cli
+from spec_tot import cli, cli_kit
+from spec_tot.adapters.local.serve import command as serve_command
 from spec_tot.errors import ConfigError
 
 __all__ = ["tiny_llama"]
@@ -43,7 +44,7 @@ def no_backend(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: Any, **_kw: Any) -> Any:
         raise AssertionError("a backend started before the options were checked")
 
-    monkeypatch.setattr(cli, "_start_backend", refuse)
+    monkeypatch.setattr(cli_kit, "start_backend", refuse)
 
 
 USAGE_ERRORS = [
@@ -330,13 +331,13 @@ def test_serve_reads_the_api_key_from_its_env_var(
     no_backend: None,
 ) -> None:
     code, out, _ = invoke(capsys, "serve", "--help")
-    assert code == 0 and "--api-key" in out and cli.API_KEY_ENV in out
-    monkeypatch.setenv(cli.API_KEY_ENV, value)
+    assert code == 0 and "--api-key" in out and serve_command.API_KEY_ENV in out
+    monkeypatch.setenv(serve_command.API_KEY_ENV, value)
     code, _, err = invoke(capsys, "serve")
-    assert code == 2 and f"${cli.API_KEY_ENV}: {expected}" in one_line(err)
+    assert code == 2 and f"${serve_command.API_KEY_ENV}: {expected}" in one_line(err)
     # a non-loopback host never starts without a key, nor with a bad one
     code, _, err = invoke(capsys, "serve", "--host", "0.0.0.0")
-    assert code == 2 and f"${cli.API_KEY_ENV}: {expected}" in one_line(err)
+    assert code == 2 and f"${serve_command.API_KEY_ENV}: {expected}" in one_line(err)
 
 
 def test_serve_auth_choice_is_checked_before_the_engine_loads(
@@ -350,8 +351,8 @@ def test_serve_auth_choice_is_checked_before_the_engine_loads(
         seen.append("start")
         raise ConfigError("--backend-opt", "stopped before loading")
 
-    monkeypatch.setattr(cli, "_start_backend", refuse)
-    monkeypatch.delenv(cli.API_KEY_ENV, raising=False)
+    monkeypatch.setattr(cli_kit, "start_backend", refuse)
+    monkeypatch.delenv(serve_command.API_KEY_ENV, raising=False)
     for argv in (
         ["serve", "--host", "0.0.0.0", "--api-key", "k3y!~"],  # every visible ASCII goes
         ["serve", "--host", "0.0.0.0", "--insecure-no-auth"],
@@ -360,7 +361,7 @@ def test_serve_auth_choice_is_checked_before_the_engine_loads(
     ):
         code, _, err = invoke(capsys, *argv, "--port", "1")
         assert code == 2 and "stopped before loading" in one_line(err), (argv, err)
-    monkeypatch.setenv(cli.API_KEY_ENV, "s3cret")
+    monkeypatch.setenv(serve_command.API_KEY_ENV, "s3cret")
     code, _, err = invoke(capsys, "serve", "--host", "0.0.0.0", "--port", "1")
     assert code == 2 and "stopped before loading" in one_line(err)
     assert len(seen) == 5
@@ -424,7 +425,8 @@ async def test_serve_api_key_reaches_the_server(tiny_llama: Path) -> None:
     import httpx
 
     options = [f"policy_path={tiny_llama}", "prm_path=null", "saturation_batch=4"]
-    server = cli.build_server("game24", options, "k3y")
+    server = serve_command.build_server("game24", options, "k3y")
+    await server.state.serve.backend.start()  # what the server's startup does
     transport = httpx.ASGITransport(app=server)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         assert (await client.get("/health")).status_code == 401
@@ -500,3 +502,14 @@ def test_bench_rounds_reports_each_cell_against_the_control_with_an_interval(
     again = json.loads(out_json.read_text())["runs"]
     assert [[(r["mode"], r["concurrency"]) for r in again if r["round"] == k]
             for k in (1, 2, 3)] == orders  # fmt: skip
+
+
+def test_serve_is_a_command_the_core_cli_does_not_import() -> None:
+    """``serve`` lives with the server and registers by name: loading the CLI loads neither
+    the server nor the engine (``run`` on a remote backend pays for neither)."""
+    code = (
+        "import sys, spec_tot.cli as c;"
+        "assert 'serve' in [x.name for x in c.app.registered_commands];"
+        "assert not {'starlette', 'uvicorn', 'torch'} & set(sys.modules), sorted(sys.modules)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

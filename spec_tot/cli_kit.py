@@ -1,0 +1,99 @@
+"""What a plug-in's CLI command uses to behave like spec-tot's own.
+
+A package adds a command to ``spec-tot`` with an entry point in the ``spec_tot.commands``
+group naming a typer-annotated function (``spec-tot serve`` is one:
+``spec_tot.adapters.local.serve.command:serve``). Its options read as the built-in ones'
+(``ProgramOpt``, ``BackendParamOpt``), its bad values are ``ConfigError``s naming the
+option (``as_option``, ``parse_backend_options``, ``typed_pairs``), and ``spec-tot`` turns
+them into one-line usage errors (exit 2), other failures into one line (exit 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from spec_tot._cli_checks import (
+    as_option,
+    backend_error,
+    backend_registry,
+    error_line,
+    parse_backend_options,
+    parse_pairs,
+    schema_of,
+    typed_pairs,
+)
+from spec_tot.backends import BackendRegistry
+from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
+from spec_tot.programs import load_program
+
+__all__ = [
+    "COMMAND_ENTRY_POINTS",
+    "BackendOpt",
+    "BackendParamOpt",
+    "DatasetOpt",
+    "JsonOpt",
+    "ParamOpt",
+    "ProgramOpt",
+    "SearchOpt",
+    "SeedOpt",
+    "as_option",
+    "console",
+    "error_line",
+    "load_program",
+    "parse_backend_options",
+    "parse_pairs",
+    "schema_of",
+    "start_backend",
+    "typed_pairs",
+]
+
+COMMAND_ENTRY_POINTS = "spec_tot.commands"
+
+ProgramOpt = Annotated[
+    str | None,
+    typer.Option(help="ToT program: game24 | toy (default: toy on scripted/sim, else game24)."),
+]
+BackendParamOpt = Annotated[list[str] | None, typer.Option(help="Backend option KEY=VALUE.")]
+BackendOpt = Annotated[str | None, typer.Option(help="Backend name (default: the program's).")]
+SearchOpt = Annotated[str | None, typer.Option(help="Search policy (default: the program's).")]
+SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
+ParamOpt = Annotated[list[str] | None, typer.Option(help="Search parameter KEY=VALUE.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]
+DatasetOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Inputs from a dataset: a name the program knows or a JSONL path "
+        "(math: gsm8k, or GSM8K / MATH JSONL)."
+    ),
+]
+
+# Messages and progress on stderr: stdout carries results.
+console = Console(stderr=True)
+
+
+def start_backend(
+    name: str,
+    options: dict[str, Any],
+    given: str,
+    keys: Sequence[str] = (),
+    registry: BackendRegistry | None = None,
+) -> Any:
+    """Create the backend ``name`` from ``options``; a bad option value is a usage error
+    naming the option the user typed (``keys``: the ones they gave), any other failure one
+    line naming the options the user gave (``given``)."""
+    registry = registry or backend_registry()
+    try:
+        return registry.create(name, **options)
+    except ConfigError as exc:
+        raise backend_error(name, exc, keys, registry) from exc
+    except UnknownNameError as exc:
+        raise ConfigError("--backend-opt", str(exc)) from exc
+    except Exception as exc:
+        raise ExecutionError(
+            f"backend {name!r} did not start ({given}): {error_line(exc)}"
+        ) from exc
