@@ -35,16 +35,14 @@ __all__ = [
 ]
 
 # Lazy re-exports: the CLI registers ``serve`` (``command.py``) without loading the server.
-_HOMES = {
-    "GenerateBatch": "schema",
-    "Limits": "schema",
-    "parse_generate": "schema",
-    "GuardedServer": "connections",
-    "server_config": "connections",
-    "ServeLimits": "limits",
-    "check_api_key": "auth",
-    "create_server_app": "app",
+_MODULES = {
+    "schema": ("GenerateBatch", "Limits", "parse_generate"),
+    "connections": ("GuardedServer", "server_config"),
+    "limits": ("ServeLimits",),
+    "auth": ("check_api_key",),
+    "app": ("create_server_app",),
 }
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
