@@ -33,8 +33,8 @@ STAGES = ("schedule", "draft", "inputs", "capture", "forward", "sample", "postpr
 def kernels(device: str) -> dict[str, Any]:
     import torch.nn.functional as F
 
-    from spec_tot.adapters.local.attention import GatherPagedKernel
-    from spec_tot.adapters.local.triton_paged import load_triton_kernel
+    from spec_tot.adapters.local.model.attention import GatherPagedKernel
+    from spec_tot.adapters.local.model.triton_paged import load_triton_kernel
 
     triton_kernel, note = load_triton_kernel(device)
     out: dict[str, Any] = {"triton": triton_kernel is not None, "note": note, "max_err": {}}
@@ -67,7 +67,7 @@ def kernels(device: str) -> dict[str, Any]:
 
 def _engine(device: str, dtype: str, graphs: bool, tokspec: bool) -> Any:
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
     from spec_tot.graphs.game24 import PROGRAM
 
     opts = PROGRAM.backend_options("local")

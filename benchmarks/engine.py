@@ -65,8 +65,8 @@ def _prompts(batch: int, vocab: int, seed: int) -> list[list[int]]:
 def make_engine(hf: Any, **options: Any) -> Any:
     """Our engine, built once outside the timed region (a server keeps it warm)."""
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
-    from spec_tot.adapters.local.loader import from_hf_model
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
+    from spec_tot.adapters.local.model.loader import from_hf_model
 
     config = EngineConfig(
         model_config={},

@@ -165,7 +165,7 @@ def _row(wall: float, stats: dict[str, float]) -> dict[str, float]:
 async def _rounds(args: argparse.Namespace, options: dict[str, Any]) -> dict[str, Any]:
     from spec_tot.adapters.local import create_local
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
 
     engine_opts = {k: v for k, v in options.items() if k not in ("policy_path", "prm_path")}
     engine = LLMEngine(EngineConfig(model=options["policy_path"], **engine_opts))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from spec_tot.adapters.local.prm import PrmScorer
+from spec_tot.adapters.local.engine.prm import PrmScorer
 from spec_tot.graphs import game24_task as task
 from spec_tot.requests import RewardItem
 

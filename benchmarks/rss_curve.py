@@ -82,7 +82,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         policy_pid = await backend.check_health()
         for done in range(0, args.queries, args.chunk):
             batch = await app.arun_batch(_inputs(done, args.chunk))
-            # an idle core gives freed heap back within a second (adapters/local/heap.py):
+            # an idle core gives freed heap back within a second (adapters/local/core/heap.py):
             # read what it holds at rest, not the chunk's last step
             await asyncio.sleep(args.settle_s)
             cores = {p: _rss_mb(p) for p in _children(os.getpid())}

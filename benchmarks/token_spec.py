@@ -162,9 +162,9 @@ def _replay(engine: Any, requests: list[Any], batch: int, tag: str) -> dict[str,
 
 
 def _engines(args: argparse.Namespace) -> dict[str, Any]:
-    from spec_tot.adapters.local.calibrate import step_cost_curve
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
+    from spec_tot.adapters.local.engine.calibrate import step_cost_curve
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
     from spec_tot.graphs.game24 import PROGRAM
 
     if args.model is not None:

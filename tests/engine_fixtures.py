@@ -139,7 +139,7 @@ async def assert_backend_free(backend: Any) -> None:
 def make_engine(tiny_llama: Path) -> Any:
     """Factory of engines on the tiny Llama; after the test every pool must be 100% free."""
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
 
     engines: list[Any] = []
 

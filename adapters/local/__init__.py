@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .backend import LocalBackend
     from .config import CoreOptions, EngineConfig, PrmConfig, SyntheticWorkload
-    from .engine import LLMEngine
+    from .engine.llm_engine import LLMEngine
 
 __all__ = [
     "CoreOptions",
@@ -50,7 +50,7 @@ def create_local(
         PrmConfig,
         SyntheticWorkload,
     )
-    from .model_files import check_model_folder
+    from .model.model_files import check_model_folder
 
     synthetic = options.pop("synthetic", None)
     prm_options = {
@@ -85,7 +85,7 @@ def __getattr__(name: str) -> Any:  # lazy re-exports: importing the package sta
 
         return getattr(config, name)
     if name == "LLMEngine":
-        from .engine import LLMEngine
+        from .engine.llm_engine import LLMEngine
 
         return LLMEngine
     raise AttributeError(name)

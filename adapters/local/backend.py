@@ -41,9 +41,9 @@ from spec_tot.requests import (
 )
 
 from .config import CoreOptions, EngineConfig, PrmConfig
-from .cores import CoreSet, CoreSlot
-from .delivery import Delivery
-from .messages import (
+from .core.cores import CoreSet, CoreSlot
+from .core.delivery import Delivery
+from .core.messages import (
     Abort,
     Add,
     Cancel,
@@ -58,9 +58,9 @@ from .messages import (
     RewardInfo,
     Score,
 )
-from .proc import CoreLink
+from .core.proc import CoreLink
+from .engine.validate import RequestValidator
 from .texts import LocalTexts, render_chat
-from .validate import RequestValidator
 
 __all__ = ["LocalBackend"]
 

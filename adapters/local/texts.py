@@ -11,7 +11,7 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from .messages import PolicyInfo, RewardInfo
+from .core.messages import PolicyInfo, RewardInfo
 
 __all__ = ["LocalTexts", "render_chat"]
 
@@ -57,7 +57,7 @@ class LocalTexts:
         tok = self._loaded.get(role)
         if tok is None:
             if folder is None:
-                from .synthetic import PseudoTokenizer
+                from .engine.synthetic import PseudoTokenizer
 
                 tok = PseudoTokenizer(vocab_size)
             else:

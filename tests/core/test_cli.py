@@ -128,7 +128,7 @@ def test_backend_option_values_are_checked_before_weights_load(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from spec_tot.adapters.local import engine
+    from spec_tot.adapters.local.engine import llm_engine as engine
 
     def refuse(*_args: Any, **_kw: Any) -> Any:
         raise AssertionError("the engine started loading weights")

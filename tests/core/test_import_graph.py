@@ -112,7 +112,7 @@ def test_importing_spec_tot_leaves_langgraph_and_the_chat_models_unloaded() -> N
     own): LangChain, LangGraph and the chat models load on first use of a name that needs
     them, and then resolve as usual."""
     code = (
-        "import sys, spec_tot, spec_tot.adapters.local.core_process\n"
+        "import sys, spec_tot, spec_tot.adapters.local.core.core_process\n"
         "heavy = [m for m in ('langchain_core', 'langgraph', 'spec_tot.langgraph',"
         " 'spec_tot.chat_model', 'spec_tot.chat_spec_tot') if m in sys.modules]\n"
         "assert not heavy, heavy\n"

@@ -31,8 +31,8 @@ from spec_tot.errors import ConfigError
 from spec_tot.requests import RewardItem, check_text
 
 from ..backend import LocalBackend
-from ..messages import RewardInfo
-from ..prm import build_prm_text
+from ..core.messages import RewardInfo
+from ..engine.prm import build_prm_text
 from .fields import Inert, check_known, opt_bool, opt_int, opt_str, token_ids
 from .schema import MAX_SAMPLES, check_samples, is_nested, request_ids
 

@@ -13,10 +13,15 @@ import torch
 from attention_cases import attention_case, reference_attention
 from engine_fixtures import make_engine, run_all, tiny_llama
 
-from spec_tot.adapters.local.attention import GatherPagedKernel
-from spec_tot.adapters.local.cuda_graphs import GraphedDecode, StepBuffer, bucket_for, graph_buckets
-from spec_tot.adapters.local.sequence import ScheduledRow
-from spec_tot.adapters.local.triton_paged import load_triton_kernel
+from spec_tot.adapters.local.engine.sequence import ScheduledRow
+from spec_tot.adapters.local.model.attention import GatherPagedKernel
+from spec_tot.adapters.local.model.cuda_graphs import (
+    GraphedDecode,
+    StepBuffer,
+    bucket_for,
+    graph_buckets,
+)
+from spec_tot.adapters.local.model.triton_paged import load_triton_kernel
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 __all__ = ["make_engine", "tiny_llama"]  # fixtures, imported for pytest
@@ -118,7 +123,7 @@ def test_every_row_through_the_triton_kernel_keeps_outputs(
     """With the Triton kernel (CUDA's), prompt chunks of any length attend through it too:
     same greedy texts and prompt logprobs as the CPU engine's own paths (C kernel for decode
     rows and short chunks, gather + SDPA for long prompts)."""
-    from spec_tot.adapters.local import runner as runner_module
+    from spec_tot.adapters.local.model import runner as runner_module
 
     params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=1)
     prompts = ["hello there, a prompt longer than one 32-token chunk of the CPU path", "abc"]
@@ -148,8 +153,8 @@ def test_every_row_through_the_triton_kernel_keeps_outputs(
 def test_drafts_keep_a_graphable_step_within_the_largest_graph(
     make_engine: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from spec_tot.adapters.local.runner import ModelRunner
-    from spec_tot.adapters.local.scheduler import StepPlan
+    from spec_tot.adapters.local.engine.scheduler import StepPlan
+    from spec_tot.adapters.local.model.runner import ModelRunner
 
     engine = make_engine()
     seq = SimpleNamespace(token_ids=[0] * 64, block_table=[0] * 16)
@@ -167,7 +172,7 @@ def test_drafts_keep_a_graphable_step_within_the_largest_graph(
 @cuda
 def test_graphs_keep_greedy_outputs(tiny_llama: Path) -> None:
     from spec_tot.adapters.local.config import EngineConfig
-    from spec_tot.adapters.local.engine import LLMEngine
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
 
     texts = []
     for graphs in (False, True):

@@ -10,9 +10,9 @@ import tracemalloc
 import torch
 from engine_fixtures import make_engine, run_all, tiny_llama
 
-from spec_tot.adapters.local.drafter import NgramDrafter
-from spec_tot.adapters.local.heap import HeapTrimmer
-from spec_tot.adapters.local.prm import prefix_keys
+from spec_tot.adapters.local.core.heap import HeapTrimmer
+from spec_tot.adapters.local.engine.drafter import NgramDrafter
+from spec_tot.adapters.local.engine.prm import prefix_keys
 from spec_tot.drafting import DraftContext
 from spec_tot.requests import GenerateRequest, SamplingParams
 

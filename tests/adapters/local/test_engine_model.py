@@ -67,10 +67,10 @@ def test_greedy_matches_transformers(
 def _our_logits(path: Path, ids: list[int]) -> tuple[torch.Tensor, Any]:
     """Logits of every position: a prefill of all but the last token (dense attention),
     then the last as a decode row (the sparse path), straight through the model runner."""
-    from spec_tot.adapters.local.loader import load_model_folder
-    from spec_tot.adapters.local.model import KVCache
-    from spec_tot.adapters.local.runner import ModelRunner
-    from spec_tot.adapters.local.sequence import ScheduledRow
+    from spec_tot.adapters.local.engine.sequence import ScheduledRow
+    from spec_tot.adapters.local.model.loader import load_model_folder
+    from spec_tot.adapters.local.model.model import KVCache
+    from spec_tot.adapters.local.model.runner import ModelRunner
 
     loaded = load_model_folder(path, "cpu", torch.float32, with_tokenizer=False)
     cache = KVCache.allocate(loaded.args, 16, 4, "cpu", torch.float32)
@@ -111,7 +111,7 @@ def test_linear_kernels_agree() -> None:
     sum and product bit for bit the unfused ones; a row's result the same in any batch."""
     import torch.nn.functional as F
 
-    from spec_tot.adapters.local.linear import Linear
+    from spec_tot.adapters.local.model.linear import Linear
 
     if not torch.backends.mkldnn.is_available():
         pytest.skip("oneDNN not built into this torch")
@@ -194,8 +194,8 @@ def test_synthetic_workload_random_model(make_engine: Any) -> None:
     from engine_fixtures import assert_pool_free
 
     from spec_tot.adapters.local.config import EngineConfig, SyntheticWorkload
-    from spec_tot.adapters.local.engine import LLMEngine
-    from spec_tot.adapters.local.synthetic import synthetic_prompt_ids, synthetic_step_len
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
+    from spec_tot.adapters.local.engine.synthetic import synthetic_prompt_ids, synthetic_step_len
 
     shape = dict(
         vocab_size=256,

@@ -120,8 +120,8 @@ def test_min_tokens_masks_stop_ids_and_stop_strings(make_engine: Any) -> None:
 
 
 def test_min_tokens_masks_eos_in_the_sampler() -> None:
-    from spec_tot.adapters.local.sampler import Sampler
-    from spec_tot.adapters.local.sequence import Member, RequestState, Sequence
+    from spec_tot.adapters.local.engine.sampler import Sampler
+    from spec_tot.adapters.local.engine.sequence import Member, RequestState, Sequence
     from spec_tot.requests import Priority
 
     def seq(params: SamplingParams, outputs: int) -> Sequence:

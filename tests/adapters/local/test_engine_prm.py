@@ -12,14 +12,14 @@ import pytest
 import torch
 from engine_fixtures import make_backend, make_engine, tiny_llama, tiny_prm
 
-from spec_tot.adapters.local.calibrate import (
+from spec_tot.adapters.local.engine.calibrate import (
     CalibrationCache,
     disturbed,
     fit_line,
     saturation_from_curve,
     step_cost_curve,
 )
-from spec_tot.adapters.local.prm import PrmScorer
+from spec_tot.adapters.local.engine.prm import PrmScorer
 from spec_tot.errors import ConfigError
 from spec_tot.requests import RewardItem
 
@@ -168,7 +168,7 @@ def test_step_cost_curve_times_only_decode_steps_of_the_whole_batch(
     monkeypatch.setattr(engine, "step", step)
     monkeypatch.setattr(engine, "add_request", untimed(plain_add))
     monkeypatch.setattr(engine, "abort", untimed(plain_abort))
-    monkeypatch.setattr("spec_tot.adapters.local.calibrate.time.thread_time", thread_time)
+    monkeypatch.setattr("spec_tot.adapters.local.engine.calibrate.time.thread_time", thread_time)
     curve = step_cost_curve(engine, context=64, steps=3, repeats=1)
     assert sorted(curve) == [1, 2, 4, 8]
     # every timed step decoded only, with every row of its batch (none finished early);

@@ -19,7 +19,7 @@ import pytest
 from engine_fixtures import assert_backend_free, make_backend, tiny_llama, tiny_prm
 
 from spec_tot.adapters.local.config import EngineConfig, PrmConfig
-from spec_tot.adapters.local.messages import (
+from spec_tot.adapters.local.core.messages import (
     PROTOCOL,
     Add,
     CommandCodec,
@@ -29,7 +29,7 @@ from spec_tot.adapters.local.messages import (
     Start,
     StepBatch,
 )
-from spec_tot.adapters.local.proc import _CLOSE_S
+from spec_tot.adapters.local.core.proc import _CLOSE_S
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Completion,
@@ -153,8 +153,8 @@ async def test_the_prm_in_a_process_of_its_own(make_backend: Any, tiny_prm: Path
 def test_the_prm_shares_the_engine_process_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two processes share a GPU by time slices: on CUDA the default puts the PRM beside the
     engine; on CPU it gets its own child; an explicit setting wins either way."""
-    from spec_tot.adapters.local import cores as backend_module
     from spec_tot.adapters.local.config import CoreOptions
+    from spec_tot.adapters.local.core import cores as backend_module
 
     engine = EngineConfig(model_config={})
     prm = PrmConfig(path="unused")
@@ -179,7 +179,7 @@ def test_the_prm_pool_and_the_core_start_have_bounds() -> None:
 def test_default_threads_split_the_spare_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every core but one for the children; split, a third of them to the PRM's, one each
     at least."""
-    from spec_tot.adapters.local import proc
+    from spec_tot.adapters.local.core import proc
 
     for cores, shared, split in ((1, (1, 1), (1, 1)), (2, (1, 1), (1, 1)), (16, (15, 15), (10, 5))):
         monkeypatch.setattr(proc, "usable_cores", lambda n=cores: n)
@@ -213,7 +213,7 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a 
 # starts with SIGINT ignored, and asyncio.run then installs no handler of its own.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from spec_tot.adapters.local import create_local
-from spec_tot.adapters.local.proc import ForkServer
+from spec_tot.adapters.local.core.proc import ForkServer
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 async def main():

@@ -9,8 +9,8 @@ import torch
 from engine_fixtures import make_engine, run_all, tiny_llama
 from scipy.stats import chisquare
 
-from spec_tot.adapters.local.sampler import Sampler
-from spec_tot.adapters.local.sequence import Member, RequestState, Sequence
+from spec_tot.adapters.local.engine.sampler import Sampler
+from spec_tot.adapters.local.engine.sequence import Member, RequestState, Sequence
 from spec_tot.requests import GenerateRequest, Priority, SamplingParams
 from spec_tot.seeds import seed_mix
 

@@ -12,8 +12,8 @@ from attention_cases import attention_case as _case
 from attention_cases import reference_attention as _reference
 from engine_fixtures import make_engine, tiny_llama
 
-from spec_tot.adapters.local import paged_kernel
-from spec_tot.adapters.local.paged_kernel import PagedDecodeKernel, load_paged_kernel
+from spec_tot.adapters.local.model import paged_kernel
+from spec_tot.adapters.local.model.paged_kernel import PagedDecodeKernel, load_paged_kernel
 
 __all__ = ["make_engine", "tiny_llama"]  # fixtures, imported for pytest
 

@@ -12,17 +12,17 @@ import pytest
 import torch
 from engine_fixtures import make_engine, run_all, tiny_llama
 
-from spec_tot.adapters.local.block_manager import BlockManager
 from spec_tot.adapters.local.config import EngineConfig
-from spec_tot.adapters.local.drafter import (
+from spec_tot.adapters.local.engine.block_manager import BlockManager
+from spec_tot.adapters.local.engine.drafter import (
     DraftContext,
     HFDraftModel,
     NgramDrafter,
     load_drafter,
     tree_of,
 )
-from spec_tot.adapters.local.sequence import Member, RequestState, Sequence
-from spec_tot.adapters.local.tokenspec import AcceptanceStats, StepCost
+from spec_tot.adapters.local.engine.sequence import Member, RequestState, Sequence
+from spec_tot.adapters.local.engine.tokenspec import AcceptanceStats, StepCost
 from spec_tot.errors import ConfigError
 from spec_tot.graphs import game24_task as task
 from spec_tot.graphs.game24 import PROGRAM, Game24Drafter

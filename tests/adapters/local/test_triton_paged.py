@@ -8,7 +8,7 @@ import pytest
 import torch
 from attention_cases import attention_case, reference_attention
 
-from spec_tot.adapters.local.triton_paged import TritonPagedKernel, load_triton_kernel
+from spec_tot.adapters.local.model.triton_paged import TritonPagedKernel, load_triton_kernel
 
 pytest.importorskip("triton", reason="triton is not installed (pip install '.[test]' has it)")
 

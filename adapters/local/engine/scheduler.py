@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from spec_tot.requests import Priority
 
+from ..config import EngineConfig
 from .block_manager import BlockManager
-from .config import EngineConfig
 from .sequence import ScheduledRow, Sequence, SequenceStatus
 
 __all__ = ["Scheduler", "StepPlan"]

@@ -24,7 +24,7 @@ import torch
 
 from spec_tot.requests import SamplingParams, TokenLogprob
 
-from .host_copy import to_device
+from ..model.host_copy import to_device
 from .sequence import Sequence
 
 __all__ = ["Sampler", "filtered_cdf", "token_logprobs"]

@@ -28,7 +28,8 @@ from typing import Any, assert_never
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.plugins import load_target
 
-from .calibrate import CalibrationCache, calibrate_engine, calibrate_prm
+from ..engine.calibrate import CalibrationCache, calibrate_engine, calibrate_prm
+from ..stage_clock import StageClock
 from .heap import HeapTrimmer
 from .messages import (
     PROTOCOL,
@@ -56,7 +57,6 @@ from .messages import (
     StepBatch,
     Stop,
 )
-from .stage_clock import StageClock
 
 __all__ = ["STATS_INTERVAL_S", "EngineCore", "Inbox"]
 
@@ -78,8 +78,8 @@ class EngineCore:
     def __init__(self, start: Start, emit: Emit) -> None:
         import torch
 
-        from .engine import LLMEngine
-        from .prm import PrmScorer
+        from ..engine.llm_engine import LLMEngine
+        from ..engine.prm import PrmScorer
 
         if start.protocol != PROTOCOL:
             raise ConfigError("protocol", f"core speaks {PROTOCOL}, the backend {start.protocol}")
@@ -91,7 +91,7 @@ class EngineCore:
         self.prm = None
         self.reward_info: RewardInfo | None = None
         if start.prm is not None:
-            from .config import resolve_device, resolve_dtype
+            from ..config import resolve_device, resolve_dtype
 
             device = resolve_device(start.prm.device)
             dtype = resolve_dtype(start.prm.dtype, device)

@@ -17,8 +17,8 @@ import torch
 
 from spec_tot.requests import FinishReason, GenerateResult, StreamUpdate, TokenLogprob
 
+from ..config import SyntheticWorkload
 from .block_manager import BlockManager
-from .config import SyntheticWorkload
 from .detokenizer import StopChecker, decode_incremental
 from .request_table import RequestTable
 from .sampler import token_logprobs

@@ -31,12 +31,12 @@ import torch
 from spec_tot.errors import ConfigError
 from spec_tot.requests import Priority, RewardItem, SamplingParams, check_text
 
+from ..model.loader import load_model_folder
+from ..model.model import KVCache
+from ..model.runner import ModelRunner
+from ..stage_clock import StageClock
 from .block_manager import BlockManager
-from .loader import load_model_folder
-from .model import KVCache
-from .runner import ModelRunner
 from .sequence import ScheduledRow, Sequence
-from .stage_clock import StageClock
 from .validate import max_token_chars
 
 __all__ = ["PrmScorer", "build_prm_text"]

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..engine.sequence import ScheduledRow
+from ..stage_clock import GpuTimer, StageClock
 from .attention import PagedKernel, PagedMeta
 from .model import DecoderModel, KVCache, StepInputs
-from .sequence import ScheduledRow
-from .stage_clock import GpuTimer, StageClock
 
 __all__ = ["GraphStats", "GraphedDecode", "StepBuffer", "graph_buckets"]
 

@@ -27,7 +27,7 @@ import msgspec
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import GenerateRequest, GenerateResult, RewardItem, StreamUpdate
 
-from .config import EngineConfig, PrmConfig
+from ..config import EngineConfig, PrmConfig
 
 __all__ = [
     "PROTOCOL",

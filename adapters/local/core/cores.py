@@ -17,10 +17,10 @@ from typing import Any
 
 from spec_tot.errors import BackendError
 
-from .config import CoreOptions, EngineConfig, PrmConfig, resolve_device
+from ..config import CoreOptions, EngineConfig, PrmConfig, resolve_device
+from ..engine.validate import RequestValidator
 from .messages import PROTOCOL, PolicyInfo, Ready, Start
 from .proc import CoreLink, ForkServer, OnOutput, default_threads, start_link
-from .validate import RequestValidator
 
 __all__ = ["CoreSet", "CoreSlot"]
 

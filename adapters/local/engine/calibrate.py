@@ -38,7 +38,7 @@ import torch
 
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
-from .config import cache_root
+from ..config import cache_root
 
 __all__ = [
     "CalibrationCache",

@@ -18,7 +18,7 @@ from spec_tot.errors import ConfigError
 from spec_tot.requests import GenerateRequest
 from spec_tot.seeds import seed_mix
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .request_table import RequestTable
 from .scheduler import Scheduler
 from .sequence import Member, RequestState, Sequence, SequenceStatus

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .config import cache_root
+from ..config import cache_root
 
 __all__ = ["PagedDecodeKernel", "load_paged_kernel"]
 

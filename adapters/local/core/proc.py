@@ -31,7 +31,7 @@ import msgspec
 
 from spec_tot.errors import BackendError
 
-from .config import CoreOptions
+from ..config import CoreOptions
 from .messages import (
     CommandCodec,
     Exited,
@@ -59,7 +59,7 @@ __all__ = [
 
 OnOutput = Callable[["CoreLink", Any], None]
 OnExit = Callable[["CoreLink", BaseException | None], None]
-_MODULE = "spec_tot.adapters.local.core_process"
+_MODULE = "spec_tot.adapters.local.core.core_process"
 _CLOSE_S = 10.0
 
 
@@ -147,7 +147,7 @@ class ThreadLink(CoreLink):
     messages without encoding; it shares the GIL with the caller."""
 
     def __init__(self, start: Start, on_output: OnOutput, on_exit: OnExit) -> None:
-        from .core import EngineCore
+        from .engine_core import EngineCore
 
         self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.core = EngineCore(start, lambda output: on_output(self, output))

@@ -11,7 +11,7 @@ import random
 import zlib
 from collections.abc import Sequence as Seq
 
-from .config import SyntheticWorkload
+from ..config import SyntheticWorkload
 
 __all__ = ["PseudoTokenizer", "synthetic_prompt_ids", "synthetic_step_len"]
 

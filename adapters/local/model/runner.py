@@ -17,14 +17,14 @@ import torch
 
 from spec_tot.errors import ConfigError
 
+from ..config import ATTENTION_MODES
+from ..engine.sequence import ScheduledRow
+from ..stage_clock import GpuTimer, StageClock
 from .attention import DenseMeta, GatherPagedKernel, PagedKernel, PagedMeta, SparseMeta
-from .config import ATTENTION_MODES
 from .cuda_graphs import GraphedDecode
 from .host_copy import to_device
 from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import load_paged_kernel
-from .sequence import ScheduledRow
-from .stage_clock import GpuTimer, StageClock
 from .triton_paged import TritonPagedKernel, load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]

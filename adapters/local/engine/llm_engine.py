@@ -25,16 +25,17 @@ import torch
 from spec_tot.drafting import Drafter
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
+from ..config import EngineConfig, resolve_device, resolve_dtype
+from ..model.loader import LoadedModel, build_random_model, load_model_folder
+from ..model.model import KVCache
+from ..model.runner import ModelRunner
+from ..stage_clock import StageClock
 from .block_manager import BlockManager
-from .config import EngineConfig, resolve_device, resolve_dtype
 from .detokenizer import StopChecker
 from .drafter import HFDraftModel, NgramDrafter, load_drafter
 from .intake import Intake
-from .loader import LoadedModel, build_random_model, load_model_folder
-from .model import KVCache
 from .postprocess import LogitPlan, Postprocessor, plan_logits, record_prompt_logprobs
 from .request_table import RequestTable
-from .runner import ModelRunner
 from .sampler import Sampler
 from .scheduler import Scheduler, StepPlan
 from .sequence import (
@@ -43,7 +44,6 @@ from .sequence import (
     SequenceStatus,
     finish_member,
 )
-from .stage_clock import StageClock
 from .synthetic import PseudoTokenizer
 from .tokenspec import SpecCounters, TokenSpeculator
 from .validate import RequestValidator

@@ -1,4 +1,4 @@
-"""The engine core's own process: ``python -m spec_tot.adapters.local.core_process``.
+"""The engine core's own process: ``python -m spec_tot.adapters.local.core.core_process``.
 
 - ``--core FD``: one ``EngineCore`` serving the socket ``FD`` (a ``"spawn"`` start).
 - ``--fork-server FD``: a fork server on the ``SOCK_SEQPACKET`` socket ``FD``: it imports
@@ -85,7 +85,7 @@ def _watch_parent(fd: int) -> None:
 
 def serve_core(conn: Connection) -> None:
     """Run one core on ``conn`` until it is stopped or its backend goes away."""
-    from .core import EngineCore
+    from .engine_core import EngineCore
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -131,7 +131,8 @@ def _preload() -> None:
     import transformers
     from transformers import modeling_rope_utils  # noqa: F401
 
-    from . import core, engine, prm  # noqa: F401
+    from ..engine import llm_engine, prm  # noqa: F401
+    from . import engine_core  # noqa: F401
 
     for name in ("AutoConfig", "AutoTokenizer", "LlamaConfig", "Qwen2Config"):
         getattr(transformers, name)
