@@ -19,8 +19,9 @@ one priority queue keyed by its expected value::
 - launch CPU: the executor's own seconds per launch, measured.
 
 The step time per load comes from a ``StepCurve`` learnt from the committed requests' own
-latency (so a remote server's curve is its own traffic's); before any is seen it has the
-roofline's shape: flat below the saturation batch, linear above.
+latency (so a remote server's curve is its own traffic's) over the backend's calibrated
+step-time curve (the embedded engine measures one at start-up), or, for a backend without
+one, the roofline's shape: flat below the saturation batch, linear above.
 
 The queue launches while the best value is positive and there is room (the saturation batch
 less committed and speculative sequences in flight); freed room anywhere wakes it (no
@@ -98,13 +99,18 @@ class HitRates:
 @dataclass
 class StepCurve:
     """Seconds per generated token against rows in flight, learnt per power-of-two bucket
-    (moving averages) on the roofline's shape ``max(1, rows / saturation)``."""
+    (moving averages) over a shape: the backend's calibrated step-time curve when it has
+    one (``prior``: decode batch -> seconds a step), else the roofline's
+    ``max(1, rows / saturation)``."""
 
     saturation: int
     scale: dict[int, float] = field(default_factory=dict)  # bucket -> s/token over the shape
+    prior: dict[int, float] = field(default_factory=dict)
 
     def _shape(self, rows: float) -> float:
-        return max(1.0, rows / self.saturation)
+        if not self.prior:
+            return max(1.0, rows / self.saturation)
+        return _interpolate(self.prior, max(rows, 1.0))
 
     @staticmethod
     def _bucket(rows: float) -> int:
@@ -112,7 +118,8 @@ class StepCurve:
 
     @property
     def measured(self) -> bool:
-        return bool(self.scale)
+        """Whether its figures are seconds (sampled, or calibrated), not steps."""
+        return bool(self.scale) or bool(self.prior)
 
     def observe(self, rows: float, seconds: float, tokens: int) -> None:
         if tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
@@ -123,7 +130,7 @@ class StepCurve:
         self.scale[bucket] = sample if old is None else 0.8 * old + 0.2 * sample
 
     def step_s(self, rows: float) -> float:
-        """Seconds per token at ``rows`` in flight (1.0 x the shape before any sample)."""
+        """Seconds per token at ``rows`` in flight (the shape itself before any sample)."""
         if not self.scale:
             return self._shape(rows)
         bucket = self._bucket(rows)
@@ -138,7 +145,18 @@ class StepCurve:
         if lower and upper:
             lo, hi = max(lower), min(upper)
             return max(0.0, (self.step_s(hi) - self.step_s(lo)) / (hi - lo))
-        return self.step_s(rows + 1) - self.step_s(rows)
+        return max(0.0, self.step_s(rows + 1) - self.step_s(rows))
+
+
+def _interpolate(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear through ``points``, extended by the last segment's slope."""
+    keys = sorted(points)
+    if len(keys) == 1 or x <= keys[0]:
+        return points[keys[0]]
+    pairs = list(itertools.pairwise(keys))
+    b0, b1 = next(((lo, hi) for lo, hi in pairs if x <= hi), pairs[-1])
+    t0, t1 = points[b0], points[b1]
+    return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
 
 
 class Dispatcher:
@@ -149,11 +167,12 @@ class Dispatcher:
         capacity: int,
         load: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.thread_time,
+        step_curve: dict[int, float] | None = None,
     ) -> None:
         self.capacity = capacity
         self.load = load
         self.clock = clock  # thread CPU: what a launch costs the executor
-        self.curve = StepCurve(capacity)
+        self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
         self.local_committed = 0
         self.speculative: dict[str, int] = {}

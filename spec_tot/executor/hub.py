@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
@@ -40,8 +40,11 @@ class QueryInput:
 class BackendHub:
     def __init__(self, backend: GenerationBackend) -> None:
         # Weak: the hub lives in a map keyed weakly by the backend, so it must not keep it alive.
+        caps = backend.capabilities
         self.dispatcher = Dispatcher(
-            backend.capabilities.saturation_batch, load=_weak_call(backend.reported_load)
+            caps.saturation_batch,
+            load=_weak_call(backend.reported_load),
+            step_curve=step_curve_of(caps.extra),
         )
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RewardRouter] = (
             weakref.WeakKeyDictionary()
@@ -86,6 +89,17 @@ class BackendHub:
 
     def release(self, query_ids: Iterable[str]) -> None:
         self.active.difference_update(query_ids)
+
+
+def step_curve_of(extra: Mapping[str, float]) -> dict[int, float]:
+    """The calibrated step-time curve a backend reports (``step_s_b{n}``: seconds a decode
+    step takes at batch ``n``), empty when it reports none."""
+    out: dict[int, float] = {}
+    for key, seconds in extra.items():
+        size = key.removeprefix("step_s_b")
+        if key.startswith("step_s_b") and size.isdigit() and seconds > 0:
+            out[int(size)] = float(seconds)
+    return out
 
 
 def hub_for(backend: GenerationBackend) -> BackendHub:

@@ -168,6 +168,34 @@ def test_step_curve_shape_before_and_after_samples() -> None:
     assert set(curve.scale) == {0, 4}
 
 
+def test_a_calibrated_step_curve_prices_rows_below_saturation() -> None:
+    """On a compute-bound engine (a CPU) every row costs: the calibrated curve, not the
+    roofline's flat shape, is the prior, and a miss below saturation is not free."""
+    calibrated = {1: 0.002, 16: 0.005, 32: 0.0065}
+    curve = StepCurve(saturation=47, prior=calibrated)
+    assert curve.measured  # seconds from the start
+    assert curve.step_s(1) == pytest.approx(0.002) and curve.step_s(16) == pytest.approx(0.005)
+    assert curve.step_s(24) == pytest.approx(0.00575)  # between points
+    assert curve.step_s(64) == pytest.approx(0.0095)  # the last slope, extended
+    assert curve.marginal_s(20) == pytest.approx(0.0015 / 16)
+    assert StepCurve(saturation=47).marginal_s(20) == 0.0  # the roofline calls it free
+    curve.observe(16, seconds=0.1, tokens=10)  # a sample rescales the curve near it
+    assert curve.step_s(16) == pytest.approx(0.01)
+    loaded = Dispatcher(capacity=47, step_curve=calibrated)
+    for _ in range(16):
+        loaded.committed_started()
+    offer = Offer("k", 1, 10.0, lambda _: True)
+    hit_share = loaded.rates.rate(offer.slot) * 10.0 * loaded.curve.step_s(17)
+    assert 0.0 < loaded.value(offer) < hit_share  # the miss's rows are priced
+
+
+def test_step_curve_of_reads_the_reported_calibration() -> None:
+    from spec_tot.executor.hub import step_curve_of
+
+    extra = {"step_s_b1": 0.002, "step_s_b16": 0.005, "num_kv_blocks": 64.0, "step_s_bx": 1.0}
+    assert step_curve_of(extra) == {1: 0.002, 16: 0.005}
+
+
 def test_reported_load_counts_other_clients() -> None:
     d = Dispatcher(capacity=8, load=lambda: 5.0)
     d.started("a", 2)  # this process's speculation is part of the reported load
