@@ -141,10 +141,10 @@ def step_cost_curve(
             # The prompts, not timed (a decode step is what saturates): step until a step
             # decodes only. Timing a step that still prefills put a 256-row "decode" step
             # at 6x a 128-row one (its median mixed 4096-token prompt steps in).
-            decoding = engine.num_decode_steps
+            decoding = engine.counters.num_decode_steps
             for _ in range(prompt_steps + 1):
                 engine.step()
-                if engine.num_decode_steps > decoding:
+                if engine.counters.num_decode_steps > decoding:
                     break
             times = []
             for _ in range(steps):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from ..stage_clock import StageClock
 from .block_manager import BlockManager
 from .detokenizer import StopChecker
 from .drafter import HFDraftModel, NgramDrafter, load_drafter
+from .engine_stats import StepCounters, engine_stats, reset_engine_counters
 from .intake import Intake
 from .postprocess import LogitPlan, Postprocessor, plan_logits, record_prompt_logprobs
 from .request_table import RequestTable
@@ -42,10 +43,9 @@ from .sequence import (
     ScheduledRow,
     Sequence,
     SequenceStatus,
-    finish_member,
 )
 from .synthetic import PseudoTokenizer
-from .tokenspec import SpecCounters, TokenSpeculator
+from .tokenspec import TokenSpeculator
 from .validate import RequestValidator
 
 __all__ = ["MAX_GRAPH_TOKENS", "LLMEngine"]
@@ -53,20 +53,6 @@ __all__ = ["MAX_GRAPH_TOKENS", "LLMEngine"]
 # The largest step (in tokens) replayed from a CUDA graph: 64 rows with a few drafted tokens
 # each; larger steps are compute-bound and lose little by launching eagerly.
 MAX_GRAPH_TOKENS = 512
-
-_COUNTERS = (
-    "num_steps",
-    "num_prefill_steps",
-    "num_decode_steps",
-    "num_mixed_steps",
-    "num_aborted_requests",
-    "num_failed_requests",
-    "num_computed_prompt_tokens",
-    "num_forward_rows",
-    "peak_kv_blocks_used",
-    "step_seconds",
-    "peak_running_seqs",
-)
 
 
 class LLMEngine:
@@ -84,10 +70,7 @@ class LLMEngine:
         self.loaded = loaded
         args = loaded.args
         self.tokenizer: Any = loaded.tokenizer or PseudoTokenizer(args.vocab_size)
-        eos = set(args.eos_token_ids)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            eos.add(int(self.tokenizer.eos_token_id or 0))
-        self.eos_ids = frozenset(eos)
+        self.eos_ids = _eos_ids(args.eos_token_ids, self.tokenizer)
         bs = config.block_size
         self.max_len = min(
             config.max_model_len, args.max_position_embeddings, config.num_kv_blocks * bs
@@ -128,28 +111,12 @@ class LLMEngine:
             self.requests,
             StopChecker(self.tokenizer, args.vocab_size),
         )
-        self.speculator = self._speculator() if config.token_speculation else None
-        # counters (names listed in _COUNTERS; exported by ``stats()``)
-        self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
-        self.num_mixed_steps = self.num_failed_requests = self.num_aborted_requests = 0
-        self.num_computed_prompt_tokens = 0
-        self.num_forward_rows = 0
-        self.peak_kv_blocks_used = self.peak_running_seqs = 0
-        self.step_seconds = 0.0  # wall time inside step(): scheduling, forward, sampling
-
-    def _speculator(self) -> TokenSpeculator:
-        cfg = self.config
-        drafters: list[Drafter] = []
-        if cfg.drafter is not None:
-            drafters.append(load_drafter(cfg.drafter, self.tokenizer))
-        if cfg.draft_model is not None:
-            drafters.append(HFDraftModel(cfg.draft_model, self.device))
-        if cfg.ngram_max:
-            drafters.append(NgramDrafter(cfg.ngram_max, cfg.ngram_min))
-        limit = cfg.max_draft_tokens
-        return TokenSpeculator(
-            drafters, self.block_manager, max_draft_tokens=limit, max_len=self.max_len
+        self.speculator = (
+            _token_speculator(config, self.tokenizer, self.block_manager, self.device, self.max_len)
+            if config.token_speculation
+            else None
         )
+        self.counters = StepCounters()  # exported by ``stats()``
 
     @contextlib.contextmanager
     def plain_decoding(self) -> Iterator[None]:
@@ -188,21 +155,11 @@ class LLMEngine:
         return self._abort_ids(self.requests.present([request_id]))
 
     def _abort_ids(self, ids: set[str]) -> list[GenerateResult]:
-        if not ids:
-            return []
-        seqs = [*self.scheduler.running, *(s for q in self.scheduler.waiting.values() for s in q)]
-        for seq in seqs:
-            gone = [m for m in seq.members if m.request.request_id in ids]
-            if not gone:
-                continue
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-            for member in gone:
-                finish_member(member, text, seq, FinishReason.ABORT)
-            seq.members = [m for m in seq.members if m.request.request_id not in ids]
-            if not seq.members:
-                self.requests.release(seq, SequenceStatus.ABORTED)
-        self.num_aborted_requests += len(ids)
-        return [self.requests.pop(rid).result() for rid in sorted(ids)]
+        self.counters.num_aborted_requests += len(ids)
+        return self.requests.abort(ids, self._decode)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return str(self.tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
@@ -230,7 +187,7 @@ class LLMEngine:
             return []
         clock.lap("schedule")
         if spec is not None:
-            spec.extend(plan, self._draft_budget(plan))
+            spec.extend(plan, draft_budget(plan, self.config, self.runner.graph_token_limit))
             clock.lap("draft")
         for row in plan.rows:  # the blocks filled in this step (a draft's only once kept)
             self.block_manager.publish(row.seq, row.start + 1 if row.draft else row.end)
@@ -248,20 +205,8 @@ class LLMEngine:
         if spec is not None:
             spec.end()
             clock.lap("draft")
-        self.step_seconds += time.perf_counter() - started
+        self.counters.step_seconds += time.perf_counter() - started
         return finished
-
-    def _draft_budget(self, plan: StepPlan) -> int:
-        """Tokens drafts may add to ``plan``. A step that replays from a CUDA graph stays
-        within the largest graph: past it the step runs eagerly, a cliff in its cost (on
-        an H200 the engine alone's steps took 3.3x as long eagerly as replayed,
-        ``benchmarks/results/h200/cuda_graphs.json``) that the speculator's step-cost curve,
-        measured on plain decode steps, does not show."""
-        budget = self.config.max_num_batched_tokens - plan.num_tokens
-        limit = self.runner.graph_token_limit
-        if limit is not None and plan.num_tokens <= limit:
-            budget = min(budget, limit - plan.num_tokens)
-        return budget
 
     def _isolate(self, plan: StepPlan, cow: list[tuple[int, int]]) -> StepPlan:
         """The step's forward raised: run each row alone; fail the requests of the rows that
@@ -285,27 +230,23 @@ class LLMEngine:
         """Fail every request with a member in ``seq`` (its content caused ``exc``)."""
         ids = self.requests.present(m.request.request_id for m in seq.members)
         self._failures.extend((rid, exc) for rid in sorted(ids))
-        self.num_failed_requests += len(ids)
+        self.counters.num_failed_requests += len(ids)
         self._abort_ids(ids)
-        self.num_aborted_requests -= len(ids)
+        self.counters.num_aborted_requests -= len(ids)
 
     def _postprocess(
         self, plan: StepPlan, logit_plan: LogitPlan, logits: torch.Tensor
     ) -> list[GenerateResult]:
-        bm = self.block_manager
-        self.num_steps += 1
-        decode_only = plan.num_decode == len(plan.rows)
-        self.num_decode_steps += decode_only
-        self.num_prefill_steps += plan.num_decode == 0
-        self.num_mixed_steps += not decode_only and plan.num_decode > 0
-        self.peak_kv_blocks_used = max(self.peak_kv_blocks_used, bm.num_used_blocks)
-        self.peak_running_seqs = max(self.peak_running_seqs, len(self.scheduler.running))
+        running = len(self.scheduler.running)
+        self.counters.record_step(
+            len(plan.rows), plan.num_decode, self.block_manager.num_used_blocks, running
+        )
         for row in plan.rows[: plan.num_decode]:
             if not row.draft:  # a verify row's count is settled once its drafts are judged
                 row.seq.num_computed_tokens += 1
         for row in plan.rows[plan.num_decode :]:
             seq = row.seq
-            self.num_computed_prompt_tokens += row.num_tokens
+            self.counters.num_computed_prompt_tokens += row.num_tokens
             for m in seq.members:
                 req = m.request
                 req.cached_prompt_tokens = max(req.cached_prompt_tokens, seq.num_cached_tokens)
@@ -323,7 +264,9 @@ class LLMEngine:
             self.requests.release(seq, SequenceStatus.FINISHED)
         if not n:
             return finished
-        draws = self._sample(logits[:n], logit_plan)
+        draws = self.sampler.sample_or_isolate(
+            logits[:n], logit_plan.sample_seqs(), logit_plan.offsets(), self._fail
+        )
         self.clock.lap("sample")
         spec, pos = self.speculator, 0
         for i, row in enumerate(logit_plan.rows):
@@ -336,32 +279,10 @@ class LLMEngine:
             except Exception as exc:  # this row's bookkeeping: its requests fail, no one else
                 self._fail(row.seq, exc)
                 continue
-            self.num_forward_rows += emitted
+            self.counters.num_forward_rows += emitted
             if spec is not None and i < logit_plan.num_decode:
                 spec.record(row, accepted, emitted)
         return finished
-
-    def _sample(
-        self, logits: torch.Tensor, logit_plan: LogitPlan
-    ) -> list[tuple[list[int], Any] | None]:
-        """One draw for the whole batch (a verify row draws at each of its positions); if
-        that raises, row by row (the sequences of rows that still raise fail)."""
-        seqs, offsets = logit_plan.sample_seqs(), logit_plan.offsets()
-        try:
-            tokens, logprobs = self.sampler.sample(logits, seqs, offsets)
-            return list(zip(tokens, logprobs, strict=True))
-        except Exception:
-            out: list[tuple[list[int], Any] | None] = []
-            for i, seq in enumerate(seqs):
-                try:
-                    rows = logits[i : i + 1].clone()
-                    (toks,), (lps,) = self.sampler.sample(rows, [seq], [offsets[i]])
-                    out.append((toks, lps))
-                except Exception as exc:
-                    out.append(None)
-                    if seq.status == SequenceStatus.RUNNING:
-                        self._fail(seq, exc)
-            return out
 
     # -- counters ---------------------------------------------------------------------------
     @property
@@ -374,53 +295,40 @@ class LLMEngine:
 
     def reset_counters(self) -> None:
         """Zero every counter (after start-up calibration: its steps are not the caller's)."""
-        for name in _COUNTERS:
-            setattr(self, name, type(getattr(self, name))(0))
-        self.post.num_generated_tokens = self.post.num_forks = 0
-        self.intake.num_requests = self.intake.num_merged_requests = 0
-        self.intake.num_prompt_tokens = 0
-        self.block_manager.num_prefix_hit_blocks = self.block_manager.num_cow_copies = 0
-        self.scheduler.num_preemptions = 0
-        if self.speculator is not None:
-            self.speculator.reset_counters()
-        if self.runner.graphs is not None:
-            self.runner.graphs.reset_counters()
-        self.clock.reset()
-        self.runner.gpu.reset()
+        reset_engine_counters(self)
 
     def stats(self) -> dict[str, float]:
-        bm = self.block_manager
-        out = {name: float(getattr(self, name)) for name in _COUNTERS}
-        out.update(
-            num_requests=float(self.intake.num_requests),
-            num_merged_requests=float(self.intake.num_merged_requests),
-            num_prompt_tokens=float(self.intake.num_prompt_tokens),
-            num_generated_tokens=float(self.num_generated_tokens),
-            num_forks=float(self.num_forks),
-            peak_kv_blocks=float(self.peak_kv_blocks_used),
-            num_total_blocks=float(bm.num_total_blocks),
-            num_free_blocks=float(bm.num_free_blocks),
-            num_prefix_hit_blocks=float(bm.num_prefix_hit_blocks),
-            num_cached_prompt_tokens=float(bm.num_prefix_hit_blocks * bm.block_size),
-            num_cow_copies=float(bm.num_cow_copies),
-            num_preemptions=float(self.scheduler.num_preemptions),
-            num_running=float(len(self.scheduler.running)),
-            num_waiting=float(self.scheduler.num_waiting),
-            num_dedup_saved_tokens=float(self.num_generated_tokens - self.num_forward_rows),
-        )
-        out.update(self.clock.as_stats("stage_"))
-        out["stage_gpu_forward_s"] = self.runner.gpu.seconds
-        graphs = self.runner.graphs
-        if graphs is not None:
-            g = graphs.stats()
-            out.update(
-                num_graph_steps=float(g.graph_steps),
-                num_eager_steps=float(g.eager_steps),
-                num_graphs_captured=float(g.graphs_captured),
-                num_graph_padded_tokens=float(g.padded_tokens),
-                graph_capture_s=self.graph_capture_seconds,
-            )
-        out.update(
-            self.speculator.counters.as_stats() if self.speculator else SpecCounters().as_stats()
-        )
-        return out
+        return engine_stats(self)
+
+
+def _token_speculator(
+    cfg: EngineConfig, tokenizer: Any, blocks: BlockManager, device: str, max_len: int
+) -> TokenSpeculator:
+    drafters: list[Drafter] = []
+    if cfg.drafter is not None:
+        drafters.append(load_drafter(cfg.drafter, tokenizer))
+    if cfg.draft_model is not None:
+        drafters.append(HFDraftModel(cfg.draft_model, device))
+    if cfg.ngram_max:
+        drafters.append(NgramDrafter(cfg.ngram_max, cfg.ngram_min))
+    return TokenSpeculator(drafters, blocks, max_draft_tokens=cfg.max_draft_tokens, max_len=max_len)
+
+
+def draft_budget(plan: StepPlan, cfg: EngineConfig, graph_limit: int | None) -> int:
+    """Tokens drafts may add to ``plan``. A step that replays from a CUDA graph stays
+    within the largest graph: past it the step runs eagerly, a cliff in its cost (on
+    an H200 the engine alone's steps took 3.3x as long eagerly as replayed,
+    ``benchmarks/results/h200/cuda_graphs.json``) that the speculator's step-cost curve,
+    measured on plain decode steps, does not show."""
+    budget = cfg.max_num_batched_tokens - plan.num_tokens
+    if graph_limit is not None and plan.num_tokens <= graph_limit:
+        budget = min(budget, graph_limit - plan.num_tokens)
+    return budget
+
+
+def _eos_ids(model_eos: Iterable[int], tokenizer: Any) -> frozenset[int]:
+    """The model's end-of-sequence ids and its tokenizer's."""
+    eos = set(model_eos)
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.add(int(tokenizer.eos_token_id or 0))
+    return frozenset(eos)

@@ -9,13 +9,14 @@ requests; nobody else holds the dict or the counter.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from spec_tot.backends import matches_prefix
+from spec_tot.requests import FinishReason, GenerateResult
 
 from .block_manager import BlockManager
 from .scheduler import Scheduler
-from .sequence import RequestState, Sequence, SequenceStatus
+from .sequence import RequestState, Sequence, SequenceStatus, finish_member
 
 __all__ = ["RequestTable"]
 
@@ -58,3 +59,21 @@ class RequestTable:
         self._scheduler.remove(seq)
         self._block_manager.deallocate(seq)
         seq.status = status
+
+    def abort(self, ids: set[str], decode: Callable[[list[int]], str]) -> list[GenerateResult]:
+        """End the requests ``ids`` now with what they have (``FinishReason.ABORT``): their
+        members leave their sequences, a sequence left with none is released."""
+        if not ids:
+            return []
+        scheduler = self._scheduler
+        for seq in [*scheduler.running, *(s for q in scheduler.waiting.values() for s in q)]:
+            gone = [m for m in seq.members if m.request.request_id in ids]
+            if not gone:
+                continue
+            text = decode(seq.output_ids)
+            for member in gone:
+                finish_member(member, text, seq, FinishReason.ABORT)
+            seq.members = [m for m in seq.members if m.request.request_id not in ids]
+            if not seq.members:
+                self.release(seq, SequenceStatus.ABORTED)
+        return [self._states.pop(rid).result() for rid in sorted(ids)]

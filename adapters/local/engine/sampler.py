@@ -18,6 +18,7 @@ after the ``min_tokens`` mask and before top-k/top-p truncation, as SGLang repor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -25,7 +26,7 @@ import torch
 from spec_tot.requests import SamplingParams, TokenLogprob
 
 from ..model.host_copy import to_device
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 
 __all__ = ["Sampler", "filtered_cdf", "token_logprobs"]
 
@@ -110,6 +111,30 @@ class Sampler:
             dev = logits.device
             index = (to_device(rows, torch.int64, dev), to_device(cols, torch.int64, dev))
             logits.index_put_(index, to_device(float("-inf"), logits.dtype, dev))
+
+    def sample_or_isolate(
+        self,
+        logits: torch.Tensor,
+        seqs: Seq[Sequence],
+        offsets: Seq[int],
+        fail: Callable[[Sequence, BaseException], None],
+    ) -> list[tuple[list[int], dict[int, TokenLogprob] | None] | None]:
+        """One draw for the whole batch (``sample``); if that raises, row by row: a row
+        that still raises is None and its sequence fails (``fail``), the others draw."""
+        try:
+            tokens, logprobs = self.sample(logits, seqs, offsets)
+            return list(zip(tokens, logprobs, strict=True))
+        except Exception:
+            out: list[tuple[list[int], dict[int, TokenLogprob] | None] | None] = []
+            for i, seq in enumerate(seqs):
+                try:
+                    (toks,), (lps,) = self.sample(logits[i : i + 1].clone(), [seq], [offsets[i]])
+                    out.append((toks, lps))
+                except Exception as exc:
+                    out.append(None)
+                    if seq.status == SequenceStatus.RUNNING:
+                        fail(seq, exc)
+            return out
 
     def sample(
         self, logits: torch.Tensor, seqs: Seq[Sequence], offsets: Seq[int] | None = None

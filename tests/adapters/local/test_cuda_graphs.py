@@ -150,11 +150,9 @@ def test_every_row_through_the_triton_kernel_keeps_outputs(
             assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
 
 
-def test_drafts_keep_a_graphable_step_within_the_largest_graph(
-    make_engine: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_drafts_keep_a_graphable_step_within_the_largest_graph(make_engine: Any) -> None:
+    from spec_tot.adapters.local.engine.llm_engine import draft_budget
     from spec_tot.adapters.local.engine.scheduler import StepPlan
-    from spec_tot.adapters.local.model.runner import ModelRunner
 
     engine = make_engine()
     seq = SimpleNamespace(token_ids=[0] * 64, block_table=[0] * 16)
@@ -162,11 +160,11 @@ def test_drafts_keep_a_graphable_step_within_the_largest_graph(
     def plan(tokens: int) -> Any:
         return StepPlan([ScheduledRow(seq, 0, tokens)], 1)  # type: ignore[arg-type]
 
-    full = engine.config.max_num_batched_tokens
-    assert engine._draft_budget(plan(30)) == full - 30  # no graphs (CPU)
-    monkeypatch.setattr(ModelRunner, "graph_token_limit", property(lambda self: 40))
-    assert engine._draft_budget(plan(30)) == 10
-    assert engine._draft_budget(plan(50)) == full - 50  # eager anyway: the usual budget
+    cfg, full = engine.config, engine.config.max_num_batched_tokens
+    assert engine.runner.graph_token_limit is None  # no graphs (CPU)
+    assert draft_budget(plan(30), cfg, None) == full - 30
+    assert draft_budget(plan(30), cfg, 40) == 10  # a graph of 40 tokens at most
+    assert draft_budget(plan(50), cfg, 40) == full - 50  # eager anyway: the usual budget
 
 
 @cuda

@@ -68,17 +68,17 @@ def test_sampled_outputs_identical(make_engine: Any, options: dict[str, Any]) ->
     if "num_kv_blocks" in options:
         assert variant.scheduler.num_preemptions > 0
     if "max_num_batched_tokens" in options:
-        assert variant.num_mixed_steps > 0
+        assert variant.counters.num_mixed_steps > 0
 
 
 def test_staggered_arrivals_identical(make_engine: Any) -> None:
     base = _run(make_engine())
     mixed = make_engine()
     assert _run(mixed, staggered=True) == base
-    assert mixed.num_mixed_steps > 0
+    assert mixed.counters.num_mixed_steps > 0
     legacy = make_engine(mixed_steps=False)
     assert _run(legacy, staggered=True) == base
-    assert legacy.num_mixed_steps == 0
+    assert legacy.counters.num_mixed_steps == 0
 
 
 def test_a_new_prompt_joins_the_running_batch(make_engine: Any) -> None:
@@ -92,7 +92,7 @@ def test_a_new_prompt_joins_the_running_batch(make_engine: Any) -> None:
     engine.add_request(GenerateRequest("new", params, prompt="a new speculative child"))
     engine.step()
     running = engine.scheduler.running
-    assert engine.num_mixed_steps == 1 and len(running) == 5
+    assert engine.counters.num_mixed_steps == 1 and len(running) == 5
     # every decode row advanced in the very step that prefilled the new prompt
     assert [len(s) for s in running[:4]] == [n + 1 for n in lengths]
     assert running[4].num_output_tokens == 1

@@ -147,10 +147,10 @@ def test_step_cost_curve_times_only_decode_steps_of_the_whole_batch(
     clock = time_module.thread_time
 
     def step() -> Any:
-        before, rows = engine.num_decode_steps, len(engine.scheduler.running)
+        before, rows = engine.counters.num_decode_steps, len(engine.scheduler.running)
         out = plain_step()
         if clock_last["value"]:
-            timed.append((rows, engine.num_decode_steps > before))
+            timed.append((rows, engine.counters.num_decode_steps > before))
         clock_last["value"] = False
         return out
 

@@ -106,8 +106,8 @@ def test_cd_on_off_identical_outputs(make_engine: Any) -> None:
     assert _run(on, reqs) == _run(off, reqs)
     assert on.num_forks > 0 and off.num_forks == 0
     # CD really saved forward rows: fewer rows computed than logical tokens produced
-    assert on.num_forward_rows < on.num_generated_tokens
-    assert off.num_forward_rows == off.num_generated_tokens
+    assert on.counters.num_forward_rows < on.num_generated_tokens
+    assert off.counters.num_forward_rows == off.num_generated_tokens
 
 
 def test_identical_pending_requests_merge(make_engine: Any) -> None:

@@ -72,7 +72,7 @@ def test_admission_bounded_by_free_blocks(make_engine: Any) -> None:
     out_small = {k: v.completions for k, v in run_all(small).items()}
     out_big = {k: v.completions for k, v in run_all(big).items()}
     assert out_small == out_big
-    assert small.peak_kv_blocks_used <= 10
+    assert small.counters.peak_kv_blocks_used <= 10
 
 
 def test_committed_runs_before_speculative_under_pressure(make_engine: Any) -> None:
@@ -86,12 +86,12 @@ def test_committed_runs_before_speculative_under_pressure(make_engine: Any) -> N
         engine.step()
     assert engine.block_manager.num_free_blocks < 10  # the committed prompt cannot fit
     engine.add_request(GenerateRequest("commit", params, prompt="committed work"))
-    added_at = engine.num_steps
+    added_at = engine.counters.num_steps
     done_at: dict[str, int] = {}
     results: dict[str, Any] = {}
     while engine.has_unfinished():
         for r in engine.step():
-            done_at[r.request_id] = engine.num_steps
+            done_at[r.request_id] = engine.counters.num_steps
             results[r.request_id] = r
     # the committed request ran from its arrival on (a token a step; steps are all-prefill or
     # all-decode, so a readmitted speculative prefill may take one step of its own)

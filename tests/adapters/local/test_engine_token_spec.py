@@ -97,7 +97,7 @@ def test_outputs_identical_with_and_without(
     if "num_kv_blocks" in options:
         assert spec.scheduler.num_preemptions > 0
     if "max_num_batched_tokens" in options:
-        assert spec.num_mixed_steps > 0
+        assert spec.counters.num_mixed_steps > 0
     if not greedy:
         assert spec.num_forks > 0
 
@@ -287,7 +287,7 @@ def test_right_drafts_grow_long_at_batch_one(make_engine: Any) -> None:
         make_engine(max_draft_tokens=8), OracleDrafter(refs, VOCAB_SIZE, wrong_every=0), free=False
     )
     assert _run(spec, [req]) == base
-    assert spec.num_decode_steps <= 60 // 3
+    assert spec.counters.num_decode_steps <= 60 // 3
     assert spec.stats()["num_decode_tokens"] / spec.stats()["num_decode_rows"] > 3
 
 
