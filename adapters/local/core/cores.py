@@ -19,8 +19,9 @@ from spec_tot.errors import BackendError
 
 from ..config import CoreOptions, EngineConfig, PrmConfig, resolve_device
 from ..engine.validate import RequestValidator
+from .fork_server import ForkServer
 from .messages import PROTOCOL, PolicyInfo, Ready, Start
-from .proc import CoreLink, ForkServer, OnOutput, default_threads, start_link
+from .proc import CoreLink, OnOutput, default_threads, start_link
 
 __all__ = ["CoreSet", "CoreSlot"]
 

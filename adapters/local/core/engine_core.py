@@ -311,24 +311,7 @@ class EngineCore:
 
     def pool_report(self) -> PoolReport:
         """Where every KV block is (tests and debugging: nothing may be left behind)."""
-        engine = self.engine
-        prm_free = prm_total = -1
-        if self.prm is not None:
-            prm_free = self.prm.block_manager.num_free_blocks
-            prm_total = self.prm.block_manager.num_total_blocks
-        if engine is None:
-            return PoolReport(0, 0, 0, 0, 0, 0, prm_free, prm_total)
-        bm = engine.block_manager
-        return PoolReport(
-            free_blocks=bm.num_free_blocks,
-            total_blocks=bm.num_total_blocks,
-            referenced_blocks=sum(1 for b in bm.blocks if b.ref_count),
-            running=len(engine.scheduler.running),
-            waiting=engine.scheduler.num_waiting,
-            requests=len(engine.requests),
-            prm_free_blocks=prm_free,
-            prm_total_blocks=prm_total,
-        )
+        return pool_report(self.engine, self.prm)
 
 
 def _reward_info(prm: Any) -> RewardInfo:
@@ -340,4 +323,25 @@ def _reward_info(prm: Any) -> RewardInfo:
         max_len=int(prm.max_len),
         max_chars=int(prm.max_chars),
         tokens_per_char=float(prm.tokens_per_char),
+    )
+
+
+def pool_report(engine: Any, prm: Any) -> PoolReport:
+    """Where every KV block of ``engine`` and ``prm`` is (None: not loaded)."""
+    prm_free = prm_total = -1
+    if prm is not None:
+        prm_free = prm.block_manager.num_free_blocks
+        prm_total = prm.block_manager.num_total_blocks
+    if engine is None:
+        return PoolReport(0, 0, 0, 0, 0, 0, prm_free, prm_total)
+    bm = engine.block_manager
+    return PoolReport(
+        free_blocks=bm.num_free_blocks,
+        total_blocks=bm.num_total_blocks,
+        referenced_blocks=sum(1 for b in bm.blocks if b.ref_count),
+        running=len(engine.scheduler.running),
+        waiting=engine.scheduler.num_waiting,
+        requests=len(engine.requests),
+        prm_free_blocks=prm_free,
+        prm_total_blocks=prm_total,
     )

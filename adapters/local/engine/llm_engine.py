@@ -71,15 +71,13 @@ class LLMEngine:
         args = loaded.args
         self.tokenizer: Any = loaded.tokenizer or PseudoTokenizer(args.vocab_size)
         self.eos_ids = _eos_ids(args.eos_token_ids, self.tokenizer)
-        bs = config.block_size
-        self.max_len = min(
-            config.max_model_len, args.max_position_embeddings, config.num_kv_blocks * bs
-        )
+        bs, kv = config.block_size, config.num_kv_blocks
+        self.max_len = min(config.max_model_len, args.max_position_embeddings, kv * bs)
         self.validator = RequestValidator(
             self.tokenizer, args.vocab_size, self.max_len, config.max_num_seqs
         )
-        self.block_manager = BlockManager(config.num_kv_blocks, bs, config.enable_prefix_caching)
-        cache = KVCache.allocate(args, config.num_kv_blocks, bs, self.device, dtype)
+        self.block_manager = BlockManager(kv, bs, config.enable_prefix_caching)
+        cache = KVCache.allocate(args, kv, bs, self.device, dtype)
         self.scheduler = Scheduler(config, self.block_manager)
         # where a step's time goes (stats(): stage_<name>_s); the runner laps inputs/forward
         self.clock = StageClock(

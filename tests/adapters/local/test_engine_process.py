@@ -213,7 +213,7 @@ faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a 
 # starts with SIGINT ignored, and asyncio.run then installs no handler of its own.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 from spec_tot.adapters.local import create_local
-from spec_tot.adapters.local.core.proc import ForkServer
+from spec_tot.adapters.local.core.fork_server import ForkServer
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 async def main():
