@@ -9,7 +9,6 @@ over layers, and the per-row Python work is reading a few ints and slicing a few
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -22,9 +21,9 @@ from ..engine.sequence import ScheduledRow
 from ..stage_clock import GpuTimer, StageClock
 from .attention import DenseMeta, GatherPagedKernel, PagedKernel, PagedMeta, SparseMeta
 from .cuda_graphs import GraphedDecode
-from .host_copy import to_device
 from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import load_paged_kernel
+from .step_meta import StepMeta
 from .triton_paged import TritonPagedKernel, load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
@@ -33,10 +32,6 @@ _log = logging.getLogger("spec_tot.engine")
 
 # Prompt chunks of at most this many tokens join the decode rows on an in-place path.
 SPARSE_CHUNK_TOKENS = 32
-# A ragged pattern (no padding entries) when padding would be more than 15% of the work and
-# more entries than its few extra ops per layer cost.
-RAGGED_BELOW = 0.85
-RAGGED_MIN_WASTE = 8192
 
 
 def _choose_attention(
@@ -98,17 +93,11 @@ class ModelRunner:
         self.cache = cache
         self.device = device
         self.block_size = cache.block_size
-        self._scratch = cache.scratch_block
-        self._slot_offsets = torch.arange(self.block_size, device=device)
-        self._arange = torch.arange(model.args.max_position_embeddings + 1, device=device)
         args = model.args
-        self._heads, self._kv_heads = args.num_heads, args.num_kv_heads
-        group = args.num_heads // args.num_kv_heads
-        self._head_map = torch.arange(args.num_heads, device=device) // group
-        self._dtype = model.embed.dtype
         self.attention, self._kernel, self.kernel_note = _choose_attention(
-            attention, device, self._dtype
+            attention, device, model.embed.dtype
         )
+        self.meta = StepMeta(model.args, cache, device, model.embed.dtype, self._kernel)
         # The Triton kernel takes prompt chunks of any length too (each token one query over
         # slots 0..p): every step then reads the pool in place, none gathers contexts for
         # SDPA (whose fused kernels on CUDA plan anew for each new shape), and any step up
@@ -124,141 +113,6 @@ class ModelRunner:
             else:
                 self.kernel_note = self.kernel_note or "cuda_graphs needs attention='paged'"
                 _log.warning("CUDA graphs off: %s", self.kernel_note)
-        self._pool_rows = cache.k[0].shape[0] * self.block_size * args.num_kv_heads
-        self._zeros = torch.zeros(0, dtype=self._dtype, device=device)  # CSR pattern values
-        with warnings.catch_warnings():  # torch warns once per process that CSR is "beta"
-            warnings.simplefilter("ignore")
-            empty = torch.zeros(1, dtype=torch.int64, device=device)
-            torch.sparse_csr_tensor(empty, empty[:0], empty[:0].float(), size=(0, 1))
-
-    def _range(self, n: int) -> torch.Tensor:
-        """``0..n-1`` (int64, on the device): a view of one range, grown on demand."""
-        if self._arange.numel() < n:
-            self._arange = torch.arange(2 * n, device=self.device)
-        return self._arange[:n]
-
-    def _tensor(self, data: Seq[object]) -> torch.Tensor:
-        return to_device(data, torch.int64, self.device)
-
-    def _tables(self, rows: Seq[ScheduledRow], blocks: int) -> torch.Tensor:
-        """``[rows, blocks]`` block ids of each row (past a row's table: the scratch block)."""
-        tables = []
-        for row in rows:
-            table = row.seq.block_table[:blocks]
-            tables.append(table + [self._scratch] * (blocks - len(table)))
-        return self._tensor(tables)
-
-    def _gather_index(self, rows: Seq[ScheduledRow], width: int) -> torch.Tensor:
-        """``[rows, width]`` flat pool slots of positions ``0..width-1`` of each row (past a
-        row's table: the scratch block)."""
-        bs = self.block_size
-        table_t = self._tables(rows, -(-width // bs))
-        index = (table_t[:, :, None] * bs + self._slot_offsets).view(len(rows), -1)
-        return index[:, :width]
-
-    def _token_rows(self, rows: Seq[ScheduledRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Positions of the rows' tokens, one per token, and (when a row has more than one:
-        short prompt chunks, each token a query of its own) the row each token is of."""
-        if all(row.num_tokens == 1 for row in rows):
-            return self._tensor([row.start for row in rows]), None
-        counts = self._tensor([row.num_tokens for row in rows])
-        row_of = torch.repeat_interleave(self._range(len(rows)), counts)
-        first = torch.cumsum(counts, 0) - counts
-        starts = self._tensor([row.start for row in rows])
-        positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
-        return positions - first[row_of], row_of
-
-    def _paged_meta(self, rows: Seq[ScheduledRow]) -> tuple[PagedMeta, torch.Tensor, torch.Tensor]:
-        """Meta of rows whose tokens attend through the fused kernel (a token at position p
-        sees slots 0..p), their write slots and positions."""
-        assert self._kernel is not None  # attention == "paged" only with a kernel
-        bs = self.block_size
-        tables = self._tables(rows, -(-max(row.end for row in rows) // bs))
-        positions, row_of = self._token_rows(rows)
-        if row_of is not None:
-            tables = tables.index_select(0, row_of)
-        slots = tables.gather(1, (positions // bs)[:, None]).squeeze(1) * bs + positions % bs
-        meta = PagedMeta(tables, positions + 1, positions.numel(), self._kernel)
-        return meta, slots, positions
-
-    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
-        zeros = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device)
-        return zeros.masked_fill_(~allowed, float("-inf"))
-
-    def _sparse_meta(
-        self, rows: Seq[ScheduledRow]
-    ) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
-        """Meta of rows whose tokens attend through the sparse path (one pattern row per
-        token and head: a token at position p sees slots 0..p), their write slots and
-        positions."""
-        heads = self._heads
-        width = max(row.end for row in rows)
-        index = self._gather_index(rows, width)
-        positions, row_of = self._token_rows(rows)
-        if row_of is not None:
-            index = index[row_of]
-        n = positions.numel()
-        slots = index.gather(1, positions[:, None]).squeeze(1)
-        cols = (index[:, None, :] * self._kv_heads + self._head_map[None, :, None]).view(-1)
-        allowed = self._range(width)[None, :] <= positions[:, None]
-        flat = mask = None
-        # entries a ragged pattern holds (per head): sum of p + 1 over every token
-        used = sum(r.num_tokens * r.start + r.num_tokens * (r.num_tokens + 1) // 2 for r in rows)
-        waste = n * width - used
-        if waste > (1 - RAGGED_BELOW) * n * width and waste * heads > RAGGED_MIN_WASTE:
-            lengths = (positions + 1).repeat_interleave(heads)
-            crow = torch.zeros(n * heads + 1, dtype=torch.int64, device=self.device)
-            torch.cumsum(lengths, 0, out=crow[1:])
-            keep = allowed[:, None, :].expand(n, heads, width).reshape(-1)
-            flat = keep.nonzero().squeeze(1)
-            cols = cols.index_select(0, flat)
-        else:
-            crow = self._range(n * heads + 1) * width
-            mask = self._additive(allowed)[:, None, :]
-        nnz = cols.numel()
-        if self._zeros.numel() < nnz:
-            self._zeros = torch.zeros(2 * nnz, dtype=self._dtype, device=self.device)
-        pattern = torch.sparse_csr_tensor(
-            crow,
-            cols,
-            self._zeros[:nnz],
-            size=(n * heads, self._pool_rows),
-            check_invariants=False,
-        )
-        return SparseMeta(pattern, crow, cols, mask, width, n, flat), slots, positions
-
-    def _dense_meta(
-        self, rows: Seq[ScheduledRow], first_token: int
-    ) -> tuple[DenseMeta, torch.Tensor, torch.Tensor]:
-        """Meta for a group of rows, their write slots and positions (packed order)."""
-        n_rows = len(rows)
-        q_lens = [row.num_tokens for row in rows]
-        q_max, total = max(q_lens), sum(q_lens)
-        width = max(row.end for row in rows)
-        index = self._gather_index(rows, width)
-        starts = self._tensor([row.start for row in rows])
-        offsets = self._range(q_max)
-        positions_pad = starts[:, None] + offsets[None, :]  # [rows, q_max]
-        if all(q == q_max for q in q_lens):
-            valid = None
-            positions = positions_pad.reshape(-1)
-            slots = index.gather(1, positions_pad).reshape(-1)
-        else:
-            valid = offsets[None, :] < self._tensor(q_lens)[:, None]
-            positions = positions_pad[valid]
-            slots = index.gather(1, positions_pad.clamp(max=width - 1))[valid]
-        if n_rows == 1 and (rows[0].start == 0 or q_max == 1):
-            mask = None  # plain causal from slot 0 (or one query seeing its whole context)
-        else:
-            allowed = self._range(width)[None, None, :] <= positions_pad[:, :, None]
-            mask = self._additive(allowed).unsqueeze(1)
-        meta = DenseMeta(first_token, total, q_max, index, mask)
-        if valid is not None:
-            flat = torch.arange(n_rows * q_max, device=self.device).view(n_rows, q_max)
-            token = torch.cumsum(self._tensor([0, *q_lens[:-1]]), 0)[:, None] + offsets[None, :]
-            meta.q_index = torch.where(valid, token, 0)
-            meta.out_index = flat[valid]
-        return meta, slots, positions
 
     def _split(
         self, rows: Seq[ScheduledRow], num_decode: int
@@ -291,7 +145,7 @@ class ModelRunner:
             for row in ordered:
                 offsets.append(total)
                 total += row.num_tokens
-            perm = self._tensor(
+            perm = self.meta.tensor(
                 [offsets[where[id(r)]] + k for r in rows for k in range(r.num_tokens)]
             )
         ids: list[int] = []
@@ -304,7 +158,7 @@ class ModelRunner:
         sparse: SparseMeta | PagedMeta | None = None
         dense: list[DenseMeta] = []
         if sparse_rows:
-            in_place = self._paged_meta if self.attention == "paged" else self._sparse_meta
+            in_place = self.meta.paged if self.attention == "paged" else self.meta.sparse
             sparse, slots, pos = in_place(sparse_rows)
             slot_parts.append(slots)
             pos_parts.append(pos)
@@ -313,7 +167,7 @@ class ModelRunner:
         first = sparse.num_rows if sparse is not None else 0
         for group in groups:
             if group:
-                meta, slots, pos = self._dense_meta(group, first)
+                meta, slots, pos = self.meta.dense(group, first)
                 dense.append(meta)
                 slot_parts.append(slots)
                 pos_parts.append(pos)
@@ -321,7 +175,7 @@ class ModelRunner:
         slots_t = slot_parts[0] if len(slot_parts) == 1 else torch.cat(slot_parts)
         positions = pos_parts[0] if len(pos_parts) == 1 else torch.cat(pos_parts)
         cos, sin = self.model.rope(positions)
-        return StepInputs(self._tensor(ids), slots_t, cos, sin, sparse, tuple(dense)), perm
+        return StepInputs(self.meta.tensor(ids), slots_t, cos, sin, sparse, tuple(dense)), perm
 
     @torch.inference_mode()
     def run(
@@ -340,7 +194,7 @@ class ModelRunner:
             bucket = graphs.bucket(rows) if self._all_paged(rows, num_decode) else None
             logits = graphs.run(rows, bucket, clock, gpu) if bucket is not None else None
             if logits is not None:
-                logits = _select(logits, logit_tokens, self._tensor)
+                logits = _select(logits, logit_tokens, self.meta.tensor)
                 clock.lap("forward")
                 return logits
             graphs.eager_steps += 1
@@ -351,10 +205,10 @@ class ModelRunner:
         gpu.begin()
         hidden = self.model(step, self.cache)
         if perm is not None:
-            hidden = hidden.index_select(0, perm[self._tensor(logit_tokens)])
+            hidden = hidden.index_select(0, perm[self.meta.tensor(logit_tokens)])
             logits = self.model.logits(hidden)
         else:
-            logits = self.model.logits(_select(hidden, logit_tokens, self._tensor))
+            logits = self.model.logits(_select(hidden, logit_tokens, self.meta.tensor))
         gpu.end()
         clock.lap("forward")
         return logits

@@ -105,7 +105,7 @@ def test_paged_sparse_and_gather_attention_agree(
 ) -> None:
     """The fused paged kernel, the in-place sparse decode path (ragged rows, or rows padded
     to one width) and the gather + SDPA path compute the same logits."""
-    from spec_tot.adapters.local.model import runner as runner
+    from spec_tot.adapters.local.model import step_meta as runner
 
     monkeypatch.setattr(runner, "RAGGED_MIN_WASTE", 0)  # ragged as soon as lengths differ
     modes = ("sparse", "gather", "paged")
