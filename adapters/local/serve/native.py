@@ -32,19 +32,26 @@ _log = logging.getLogger("spec_tot.serve")
 
 
 def native_routes(ctx: ServeContext) -> list[Route]:
-    backend = ctx.backend
+    return NativeApi(ctx).routes()
 
-    async def generate(request: Request) -> Response:
-        body = await ctx.read_json(request)
+
+class NativeApi:
+    """SGLang's native routes over one server's context."""
+
+    def __init__(self, ctx: ServeContext) -> None:
+        self.ctx = ctx
+
+    async def generate(self, request: Request) -> Response:
+        body = await self.ctx.read_json(request)
         held: list[Callable[[], None]] = []
 
         def admit(samples: int, tokens: int) -> None:
             field = "sampling_params.max_new_tokens"
-            held.append(ctx.admission.hold(samples, tokens, field))
+            held.append(self.ctx.admission.hold(samples, tokens, field))
 
         try:
-            batch = parse_generate(body, ctx.limits, admit)
-            engine_requests = ctx.live.claim(batch)
+            batch = parse_generate(body, self.ctx.limits, admit)
+            engine_requests = self.ctx.live.claim(batch)
         except BaseException:
             for release in held:
                 release()
@@ -52,14 +59,16 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         release = held[0]
         rids = [s.rid for s in batch.samples]
         if batch.stream:
-            events = _stream(ctx, batch, engine_requests, rids)
-            return BoundedStream(events, ctx.serve_limits, release, ctx.stream_stats)
+            events = _stream(self.ctx, batch, engine_requests, rids)
+            return BoundedStream(events, self.ctx.serve_limits, release, self.ctx.stream_stats)
         try:
-            results = await ctx.until_disconnect(request, run_samples(backend, engine_requests))
+            results = await self.ctx.until_disconnect(
+                request, run_samples(self.ctx.backend, engine_requests)
+            )
         finally:
-            ctx.live.release(batch)
+            self.ctx.live.release(batch)
             release()
-        decode = ctx.decode_token
+        decode = self.ctx.decode_token
         outs = [
             sample_json(rid, r.completions[0].text, r.completions[0].token_ids, r,
                         batch.logprobs, decode)
@@ -67,45 +76,45 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         ]  # fmt: skip
         return JSONResponse(outs[0] if batch.single else outs)
 
-    async def abort_request(request: Request) -> Response:
-        body = await ctx.read_json(request)
+    async def abort_request(self, request: Request) -> Response:
+        body = await self.ctx.read_json(request)
         if not isinstance(body, dict):
             raise ConfigError("body", "expected a JSON object")
         check_known(body, {"rid", "abort_all", "abort_message"}, {})
         rid = opt_str(body, "rid", "rid") or ""
         if opt_bool(body, "abort_all", "abort_all", False):
-            await ctx.live.abort_all()
+            await self.ctx.live.abort_all()
         elif rid:
-            await ctx.live.abort(rid)
+            await self.ctx.live.abort(rid)
         return Response(status_code=200)  # as SGLang: an rid that is not live is ignored
 
-    async def health(_request: Request) -> Response:
+    async def health(self, _request: Request) -> Response:
         return Response(status_code=200)
 
-    async def model_info(_request: Request) -> Response:
-        return JSONResponse(ctx.model_info())
+    async def model_info(self, _request: Request) -> Response:
+        return JSONResponse(self.ctx.model_info())
 
-    async def server_info(_request: Request) -> Response:
-        return JSONResponse(await ctx.server_info())
+    async def server_info(self, _request: Request) -> Response:
+        return JSONResponse(await self.ctx.server_info())
 
-    async def flush_cache(_request: Request) -> Response:
-        if await ctx.flush_prefix_cache():
+    async def flush_cache(self, _request: Request) -> Response:
+        if await self.ctx.flush_prefix_cache():
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse(
             "Cache not flushed: requests are running or waiting.\n", status_code=400
         )
 
-    async def loads(_request: Request) -> Response:
+    async def loads(self, _request: Request) -> Response:
         return JSONResponse(
             {
                 "timestamp": time.time(),
-                "version": ctx.version,
-                "loads": [await ctx.load()],
+                "version": self.ctx.version,
+                "loads": [await self.ctx.load()],
             }
         )
 
-    async def metrics(_request: Request) -> Response:
-        load = await ctx.load()
+    async def metrics(self, _request: Request) -> Response:
+        load = await self.ctx.load()
         lines = []
         for name, key in (
             ("sglang:num_running_reqs", "num_running_reqs"),
@@ -115,34 +124,39 @@ def native_routes(ctx: ServeContext) -> list[Route]:
         ):
             lines += [
                 f"# TYPE {name} gauge",
-                f'{name}{{model_name="{ctx.model_name}"}} {load[key]}',
+                f'{name}{{model_name="{self.ctx.model_name}"}} {load[key]}',
             ]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
-    async def classify(request: Request) -> Response:
-        batch = parse_classify(await ctx.read_json(request), backend.reward, ctx.limits.max_samples)
+    async def classify(self, request: Request) -> Response:
+        batch = parse_classify(
+            await self.ctx.read_json(request),
+            self.ctx.backend.reward,
+            self.ctx.limits.max_samples,
+        )
         tokens = sum(prompt_tokens(p) for p in batch.prompts)
-        release = ctx.admission.hold(len(batch.prompts), tokens, batch.key)
+        release = self.ctx.admission.hold(len(batch.prompts), tokens, batch.key)
         try:
-            rows = await ctx.until_disconnect(request, score_batch(backend, batch))
+            rows = await self.ctx.until_disconnect(request, score_batch(self.ctx.backend, batch))
         finally:
             release()
         return JSONResponse(rows[0] if batch.single else rows)
 
-    return [
-        Route("/generate", guarded(generate), methods=["POST", "PUT"]),
-        Route("/abort_request", guarded(abort_request), methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/health_generate", health, methods=["GET"]),
-        Route("/model_info", model_info, methods=["GET"]),
-        Route("/get_model_info", model_info, methods=["GET"]),
-        Route("/server_info", server_info, methods=["GET"]),
-        Route("/get_server_info", server_info, methods=["GET"]),
-        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
-        Route("/v1/loads", loads, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/classify", guarded(classify), methods=["POST", "PUT"]),
-    ]
+    def routes(self) -> list[Route]:
+        return [
+            Route("/generate", guarded(self.generate), methods=["POST", "PUT"]),
+            Route("/abort_request", guarded(self.abort_request), methods=["POST"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/health_generate", self.health, methods=["GET"]),
+            Route("/model_info", self.model_info, methods=["GET"]),
+            Route("/get_model_info", self.model_info, methods=["GET"]),
+            Route("/server_info", self.server_info, methods=["GET"]),
+            Route("/get_server_info", self.server_info, methods=["GET"]),
+            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+            Route("/v1/loads", self.loads, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/classify", guarded(self.classify), methods=["POST", "PUT"]),
+        ]
 
 
 def guarded(

@@ -21,6 +21,7 @@ from spec_tot.requests import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
+    SamplingParams,
     check_text,
 )
 
@@ -30,7 +31,7 @@ from .limits import demand
 from .live import run_samples
 from .native import guarded
 from .outputs import error_body, merge_updates, sse
-from .schema import check_samples, sample_sampling, sampling_params
+from .schema import Limits, check_samples, sample_sampling, sampling_params
 from .streams import BoundedStream
 
 __all__ = ["openai_routes"]
@@ -188,25 +189,8 @@ async def _respond(
         return _no_model(name)
     limits = ctx.limits
     n = opt_int(body, "n", "n", 1, lo=1, hi=128)
-    check_samples(len(prompts), n, limits.max_samples, "n")
-    for i, p in enumerate(prompts):
-        if isinstance(p, str) and len(p) > limits.max_prompt_chars:
-            raise ConfigError(f"prompt[{i}]", f"{len(p)} characters cannot fit the engine")
-        if not isinstance(p, str) and len(p) >= limits.max_len:
-            raise ConfigError(f"prompt[{i}]", f"{len(p)} tokens; the engine holds {limits.max_len}")
-    max_tokens = opt_int(body, "max_tokens", "max_tokens", default_max, lo=0)
-    stop_ids = body.get("stop_token_ids")
-    sampling = sampling_params(
-        "",
-        temperature=opt_float(body, "temperature", "temperature", 1.0),
-        top_p=opt_float(body, "top_p", "top_p", 1.0),
-        top_k=opt_int(body, "top_k", "top_k", -1),
-        max_tokens=limits.max_len if max_tokens is None else max_tokens,
-        stop=stop_strings(body.get("stop"), "stop"),
-        stop_token_ids=() if stop_ids is None else token_ids(
-            stop_ids, "stop_token_ids", limits.vocab_size, allow_empty=True),
-        seed=opt_int(body, "seed", "seed", None, lo=-(2**63), hi=2**63 - 1),
-    )  # fmt: skip
+    _check_prompts(prompts, n, limits)
+    sampling = _sampling(body, limits, default_max)
     stream = opt_bool(body, "stream", "stream", False)
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -245,6 +229,32 @@ async def _respond(
     usage = _usage(results, n)
     kind = "chat.completion" if chat else "text_completion"
     return JSONResponse({**head, "object": kind, "choices": choices, "usage": usage})
+
+
+def _check_prompts(prompts: list[str | tuple[int, ...]], n: int, limits: Limits) -> None:
+    check_samples(len(prompts), n, limits.max_samples, "n")
+    for i, p in enumerate(prompts):
+        if isinstance(p, str) and len(p) > limits.max_prompt_chars:
+            raise ConfigError(f"prompt[{i}]", f"{len(p)} characters cannot fit the engine")
+        if not isinstance(p, str) and len(p) >= limits.max_len:
+            raise ConfigError(f"prompt[{i}]", f"{len(p)} tokens; the engine holds {limits.max_len}")
+
+
+def _sampling(body: dict[str, Any], limits: Limits, default_max: int | None) -> SamplingParams:
+    """The request's sampling parameters, every field checked (errors name it)."""
+    max_tokens = opt_int(body, "max_tokens", "max_tokens", default_max, lo=0)
+    stop_ids = body.get("stop_token_ids")
+    return sampling_params(
+        "",
+        temperature=opt_float(body, "temperature", "temperature", 1.0),
+        top_p=opt_float(body, "top_p", "top_p", 1.0),
+        top_k=opt_int(body, "top_k", "top_k", -1),
+        max_tokens=limits.max_len if max_tokens is None else max_tokens,
+        stop=stop_strings(body.get("stop"), "stop"),
+        stop_token_ids=() if stop_ids is None else token_ids(
+            stop_ids, "stop_token_ids", limits.vocab_size, allow_empty=True),
+        seed=opt_int(body, "seed", "seed", None, lo=-(2**63), hi=2**63 - 1),
+    )  # fmt: skip
 
 
 def _choice(index: int, c: Completion, chat: bool) -> dict[str, Any]:
