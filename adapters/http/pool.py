@@ -86,13 +86,12 @@ class EndpointPool:
         self.urls = [u.rstrip("/") for u in self.urls]
         if len(set(self.urls)) != len(self.urls):
             raise ConfigError("urls", "duplicate server URL")
+        c = self.config
         self.endpoints = {
             u: Endpoint(
                 u,
-                CircuitBreaker(
-                    self.config.breaker_threshold, self.config.breaker_cooldown_s, self.clock
-                ),
-                asyncio.Semaphore(self.config.max_concurrency),
+                CircuitBreaker(c.breaker_threshold, c.breaker_cooldown_s, self.clock),
+                asyncio.Semaphore(c.max_concurrency),
             )
             for u in self.urls
         }
@@ -102,18 +101,7 @@ class EndpointPool:
         )
         self._owns_client = self.client is None
         if self.client is None:
-            timeout = httpx.Timeout(
-                self.config.read_timeout_s, connect=self.config.connect_timeout_s
-            )
-            # No connection cap: many concurrent streams per worker is the normal case. No
-            # keep-alive: httpcore 1.0.9 hands one idle connection to every request of a
-            # burst that enters its pool together, and all but one then open new connections
-            # one after another (encode/httpcore#1110-#1111, fixed in pydantic/httpx2#1075),
-            # so the executor's bursts reached the server as a trickle (Game of 24 over
-            # spec-tot serve: 2-3x slower, the engine's merging of identical prompts lost).
-            # A fresh connection per request costs one handshake, made in parallel.
-            limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-            self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
+            self.client = _default_client(self.config)
         self.prober = HealthProber(
             self.endpoints,
             self.client,
@@ -138,10 +126,6 @@ class EndpointPool:
         await self.prober.aclose()
         if self._owns_client and self.client is not None:
             await self.client.aclose()
-
-    def _backoff(self, attempt: int) -> float:
-        delay = min(self.config.backoff_max_s, self.config.backoff_base_s * 2.0**attempt)
-        return delay * (0.5 + 0.5 * self.rng.random())  # jitter spreads retry storms
 
     # -- deadlines and health ------------------------------------------------------------------
     def deadline_s(self, endpoint: Endpoint, budget: int | None) -> float:
@@ -216,14 +200,10 @@ class EndpointPool:
             if missed and all(u in missed for u in ([only.rstrip("/")] if only else self.urls)):
                 break  # no worker left that has not let this request's deadline pass
             if attempt:
-                await self.sleep(self._backoff(attempt - 1))
-            endpoint = self._pick(key, only, missed, errors)
+                await self.sleep(_backoff(self.config, self.rng, attempt - 1))
+            endpoint = self._attempt(key, only, missed, errors, on_attempt)
             if endpoint is None:
                 continue
-            endpoint.attempts += 1
-            self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it
-            if on_attempt is not None:
-                on_attempt(endpoint.url)  # the caller must know where to abort, before any reply
             where = endpoint.url + path
             async with endpoint.semaphore:
                 endpoint.inflight += 1
@@ -253,19 +233,12 @@ class EndpointPool:
                     if isinstance(exc, TimeoutError) and not timer.expired():
                         raise  # not our deadline: the caller's own TimeoutError
                     endpoint.pending.pop(timer, None)
-                    released = timer.expired() and (timer.when() or 0.0) < started + limit
-                    if released:
-                        reason = "released: the worker stopped answering (its breaker opened)"
-                    elif isinstance(exc, _Missed):
-                        reason = str(exc)
-                    else:
-                        reason = f"no answer within its {limit:.1f} s deadline"
+                    released, reason = _miss(exc, timer, started + limit, limit)
                     self._failed(endpoint, missed=not released)
                     if opened:  # the caller had the response: it cannot be sent again here
                         raise BackendTimeoutError(where, reason) from None
                     missed.add(endpoint.url)
                     errors.append(f"{where}: {reason}")
-                    continue
                 except BaseException:
                     if not opened:
                         endpoint.breaker.probing = False  # a cancelled probe frees the slot
@@ -273,10 +246,25 @@ class EndpointPool:
                 finally:
                     endpoint.pending.pop(timer, None)
                     endpoint.inflight -= 1
-        target = errors[-1].split(": ", 1)[0] if errors else ", ".join(self.urls)
-        detail = "; ".join(errors)
-        kind = BackendTimeoutError if missed else BackendError
-        raise kind(target, f"failed after {len(errors)} attempt(s): {detail}")
+        raise _gave_up(errors, missed, self.urls)
+
+    def _attempt(
+        self,
+        key: str | None,
+        only: str | None,
+        missed: set[str],
+        errors: list[str],
+        on_attempt: Callable[[str], None] | None,
+    ) -> Endpoint | None:
+        """The worker this attempt goes to (None: none open now), counted and announced."""
+        endpoint = self._pick(key, only, missed, errors)
+        if endpoint is None:
+            return None
+        endpoint.attempts += 1
+        self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it
+        if on_attempt is not None:
+            on_attempt(endpoint.url)  # the caller must know where to abort, before any reply
+        return endpoint
 
     async def _open(self, endpoint: Endpoint, method: str, path: str, body: Any) -> httpx.Response:
         where = endpoint.url + path
@@ -326,3 +314,41 @@ class EndpointPool:
             except ValueError as exc:
                 raise BackendError(endpoint.url + path, f"bad JSON: {raw[:200]!r}") from exc
             return endpoint.url, value
+
+
+def _miss(
+    exc: BaseException, timer: asyncio.Timeout, deadline: float, limit: float
+) -> tuple[bool, str]:
+    """Why an attempt ended without an answer: ``released`` (the worker's breaker opened
+    and cut the deadline short), else its deadline passed or the worker missed it."""
+    released = timer.expired() and (timer.when() or 0.0) < deadline
+    if released:
+        return True, "released: the worker stopped answering (its breaker opened)"
+    if isinstance(exc, _Missed):
+        return False, str(exc)
+    return False, f"no answer within its {limit:.1f} s deadline"
+
+
+def _gave_up(errors: list[str], missed: set[str], urls: list[str]) -> BackendError:
+    """The error of a request no attempt answered (a timeout if a worker may run it)."""
+    target = errors[-1].split(": ", 1)[0] if errors else ", ".join(urls)
+    kind = BackendTimeoutError if missed else BackendError
+    return kind(target, f"failed after {len(errors)} attempt(s): {'; '.join(errors)}")
+
+
+def _default_client(config: HttpConfig) -> httpx.AsyncClient:
+    timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+    # No connection cap: many concurrent streams per worker is the normal case. No
+    # keep-alive: httpcore 1.0.9 hands one idle connection to every request of a
+    # burst that enters its pool together, and all but one then open new connections
+    # one after another (encode/httpcore#1110-#1111, fixed in pydantic/httpx2#1075),
+    # so the executor's bursts reached the server as a trickle (Game of 24 over
+    # spec-tot serve: 2-3x slower, the engine's merging of identical prompts lost).
+    # A fresh connection per request costs one handshake, made in parallel.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+def _backoff(config: HttpConfig, rng: random.Random, attempt: int) -> float:
+    delay = min(config.backoff_max_s, config.backoff_base_s * 2.0**attempt)
+    return delay * (0.5 + 0.5 * rng.random())  # jitter spreads retry storms
