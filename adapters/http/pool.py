@@ -62,6 +62,15 @@ class _Retryable(Exception):
         self.reason = reason
 
 
+class _TryAgain(Exception):
+    """An attempt ended before the caller had a reply: another worker (or this one, after
+    a backoff) may be tried. ``missed``: the worker may still run it (never resent there)."""
+
+    def __init__(self, reason: str, missed: bool) -> None:
+        super().__init__(reason)
+        self.reason, self.missed = reason, missed
+
+
 class _Missed(Exception):
     """The worker gave no (complete) answer in time: it may still be working on it."""
 
@@ -156,24 +165,6 @@ class EndpointPool:
             self.prober.watch()
 
     # -- sending -------------------------------------------------------------------------------
-    def _pick(
-        self, key: str | None, only: str | None, missed: set[str], errors: list[str]
-    ) -> Endpoint | None:
-        """The worker for the next attempt, its send right claimed; None (reason noted) when
-        none may be tried now."""
-        if only is not None:
-            pinned = self.endpoints.get(only.rstrip("/"))
-            if pinned is None:
-                raise BackendError(only, "not a configured endpoint")
-            pool = [pinned] if pinned.breaker.available() else []
-        else:
-            pool = self.routes.candidates(key)
-        pool = [e for e in pool if e.url not in missed]
-        endpoint = next((e for e in pool if e.breaker.acquire()), None)
-        if endpoint is None:
-            errors.append(f"{only or ', '.join(self.urls)}: circuit open")
-        return endpoint
-
     @asynccontextmanager
     async def send(
         self,
@@ -193,7 +184,6 @@ class EndpointPool:
         too (reading the body): past it the block is cancelled and ``BackendTimeoutError``
         raised. The response is closed, and the worker's slot released, when the block exits."""
         budget = budget if budget is not None else self.protocol.request_budget(body)
-        loop = asyncio.get_running_loop()
         errors: list[str] = []
         missed: set[str] = set()  # workers that may still run it: never sent it again
         for attempt in range(self.config.max_retries + 1):
@@ -204,49 +194,60 @@ class EndpointPool:
             endpoint = self._attempt(key, only, missed, errors, on_attempt)
             if endpoint is None:
                 continue
-            where = endpoint.url + path
-            async with endpoint.semaphore:
-                endpoint.inflight += 1
-                started = loop.time()
-                limit = self.deadline_s(endpoint, budget)
-                timer = asyncio.timeout_at(started + limit)
-                endpoint.pending[timer] = started + limit
-                opened = False
-                try:
-                    async with timer:
-                        response = await self._open(endpoint, method, path, body)
-                        opened = True
-                        try:
-                            yield endpoint, response
-                        finally:
-                            await response.aclose()
-                    if budget:
-                        done = self.protocol.tokens_of(response)
-                        if done:
-                            self.observe(endpoint.url, done, loop.time() - started)
-                    return
-                except _Retryable as exc:
-                    self._failed(endpoint)
-                    errors.append(f"{where}: {exc.reason}")
-                    continue
-                except (TimeoutError, _Missed) as exc:
-                    if isinstance(exc, TimeoutError) and not timer.expired():
-                        raise  # not our deadline: the caller's own TimeoutError
-                    endpoint.pending.pop(timer, None)
-                    released, reason = _miss(exc, timer, started + limit, limit)
-                    self._failed(endpoint, missed=not released)
-                    if opened:  # the caller had the response: it cannot be sent again here
-                        raise BackendTimeoutError(where, reason) from None
+            try:
+                async with self._on(endpoint, method, path, body, budget) as response:
+                    yield endpoint, response
+                return
+            except _TryAgain as again:
+                if again.missed:
                     missed.add(endpoint.url)
-                    errors.append(f"{where}: {reason}")
-                except BaseException:
-                    if not opened:
-                        endpoint.breaker.probing = False  # a cancelled probe frees the slot
-                    raise
-                finally:
-                    endpoint.pending.pop(timer, None)
-                    endpoint.inflight -= 1
+                errors.append(f"{endpoint.url + path}: {again.reason}")
         raise _gave_up(errors, missed, self.urls)
+
+    @asynccontextmanager
+    async def _on(
+        self, endpoint: Endpoint, method: str, path: str, body: Any, budget: int | None
+    ) -> AsyncIterator[httpx.Response]:
+        """One attempt on ``endpoint`` under its deadline; ``_TryAgain`` when another may
+        follow (a retryable failure, or a deadline missed before the caller had the reply)."""
+        loop, where = asyncio.get_running_loop(), endpoint.url + path
+        async with endpoint.semaphore:
+            endpoint.inflight += 1
+            started = loop.time()
+            limit = self.deadline_s(endpoint, budget)
+            timer = asyncio.timeout_at(started + limit)
+            endpoint.pending[timer] = started + limit
+            opened = False
+            try:
+                async with timer:
+                    response = await self._open(endpoint, method, path, body)
+                    opened = True
+                    try:
+                        yield response
+                    finally:
+                        await response.aclose()
+                done = self.protocol.tokens_of(response) if budget else 0
+                if done:
+                    self.observe(endpoint.url, done, loop.time() - started)
+            except _Retryable as exc:
+                self._failed(endpoint)
+                raise _TryAgain(exc.reason, missed=False) from None
+            except (TimeoutError, _Missed) as exc:
+                if isinstance(exc, TimeoutError) and not timer.expired():
+                    raise  # not our deadline: the caller's own TimeoutError
+                endpoint.pending.pop(timer, None)
+                released, reason = _miss(exc, timer, started + limit, limit)
+                self._failed(endpoint, missed=not released)
+                if opened:  # the caller had the response: it cannot be sent again here
+                    raise BackendTimeoutError(where, reason) from None
+                raise _TryAgain(reason, missed=True) from None
+            except BaseException:
+                if not opened:
+                    endpoint.breaker.probing = False  # a cancelled probe frees the slot
+                raise
+            finally:
+                endpoint.pending.pop(timer, None)
+                endpoint.inflight -= 1
 
     def _attempt(
         self,
@@ -256,9 +257,18 @@ class EndpointPool:
         errors: list[str],
         on_attempt: Callable[[str], None] | None,
     ) -> Endpoint | None:
-        """The worker this attempt goes to (None: none open now), counted and announced."""
-        endpoint = self._pick(key, only, missed, errors)
+        """The worker for the next attempt, its send right claimed, counted and announced;
+        None (reason noted) when none may be tried now."""
+        if only is not None:
+            pinned = self.endpoints.get(only.rstrip("/"))
+            if pinned is None:
+                raise BackendError(only, "not a configured endpoint")
+            pool = [pinned] if pinned.breaker.available() else []
+        else:
+            pool = self.routes.candidates(key)
+        endpoint = next((e for e in pool if e.url not in missed and e.breaker.acquire()), None)
         if endpoint is None:
+            errors.append(f"{only or ', '.join(self.urls)}: circuit open")
             return None
         endpoint.attempts += 1
         self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it
