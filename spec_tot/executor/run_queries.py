@@ -107,6 +107,43 @@ async def run_queries(
     return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
 
 
+def _controller(
+    run_spec: RunSpec,
+    query: QueryInput,
+    tree: SearchTree,
+    recorder: MetricsRecorder,
+    router: RewardRouter,
+    rule: BatchRule,
+    dispatcher: Dispatcher,
+    on_event: EventSink | None,
+) -> QueryController:
+    """The query's controller, its context built and its reward routing opened."""
+    config = run_spec.config
+    ctx = QueryContext(
+        graph=run_spec.graph,
+        tree=tree,
+        policy=run_spec.policy_factory(),
+        backend=run_spec.backend,
+        rewards=router,
+        recorder=recorder,
+        config=config,
+        answer_fn=run_spec.answer_fn,
+        seed=query_seed(config.seed, query.seed_key),
+        dispatcher=dispatcher,
+        on_event=on_event,
+    )
+    controller = QueryController(ctx)
+    router.open_query(
+        query.query_id,
+        rule,
+        recorder,
+        run_spec.reward,
+        config.query_timeout_s,
+        steering=controller.steering,
+    )
+    return controller
+
+
 async def _run_one(
     run_spec: RunSpec,
     query: QueryInput,
@@ -124,28 +161,8 @@ async def _run_one(
     status, answer, truncated = "ok", None, False
     errors: tuple[str, ...] = ()
     try:
-        ctx = QueryContext(
-            graph=run_spec.graph,
-            tree=tree,
-            policy=run_spec.policy_factory(),
-            backend=run_spec.backend,
-            rewards=router,
-            recorder=recorder,
-            config=config,
-            answer_fn=run_spec.answer_fn,
-            seed=query_seed(config.seed, query.seed_key),
-            dispatcher=dispatcher,
-            on_event=on_event,
-        )
-        controller = QueryController(ctx)
-        router.open_query(
-            query_id,
-            rule,
-            recorder,
-            run_spec.reward,
-            config.query_timeout_s,
-            steering=controller.steering,
-        )
+        parts = (recorder, router, rule, dispatcher, on_event)
+        controller = _controller(run_spec, query, tree, *parts)
         async with asyncio.timeout(config.query_timeout_s):
             outcome = await controller.run()
         answer, errors, truncated = outcome.answer, outcome.errors, outcome.truncated

@@ -30,7 +30,7 @@ from spec_tot.langgraph.adoption import AdoptingNode, SpeculativeNode, TaskObser
 from spec_tot.langgraph.graph_run import RunClaim, run_claim
 from spec_tot.langgraph.plan import SpeculationPlan
 from spec_tot.langgraph.results import LangGraphMetrics, LangGraphResult
-from spec_tot.langgraph.roles import roles_of
+from spec_tot.langgraph.roles import NodeRole, roles_of
 from spec_tot.langgraph.slots import SpeculationSlots
 
 __all__ = ["arun", "from_langgraph", "run", "speculation_of"]
@@ -120,6 +120,43 @@ def _backends(backend: Any) -> list[Any]:
     return out
 
 
+def _checked_mode(mode: str | None, config: ExecutorConfig | None, max_depth: int) -> str:
+    """The run's mode (``mode``, else ``config``'s, else ``full``), every option checked."""
+    if mode is not None and config is not None and mode != config.mode:
+        raise ConfigError("mode", f"{mode!r} disagrees with config.mode {config.mode!r}")
+    mode = mode or (config.mode if config is not None else "full")
+    if mode not in MODES:
+        raise UnknownNameError("executor mode", mode, list(MODES))
+    if max_depth < 0:
+        raise ConfigError("max_depth", f"must be >= 0, got {max_depth}")
+    return mode
+
+
+def _plan(
+    nodes: Any,
+    node_roles: dict[str, NodeRole],
+    speculate: bool,
+    backend: Any,
+    max_speculative: int | None,
+    max_depth: int,
+    config: ExecutorConfig | None,
+) -> SpeculationPlan:
+    """The speculation plan every run of the graph shares: its roles, slots and limits."""
+    slots = SpeculationSlots(max_speculative)
+    for generation_backend in _backends(backend):
+        slots.learn(generation_backend)
+    selects = [r for r in node_roles.values() if r.select]
+    return SpeculationPlan(
+        roles=node_roles,
+        speculate=speculate,
+        slots=slots,
+        max_depth=max_depth,
+        strict=bool(selects) and all(r.top_k for r in selects),
+        timeout_s=config.query_timeout_s if config is not None else None,
+        base_nodes=nodes,
+    )
+
+
 def from_langgraph(
     graph: Any,
     *,
@@ -145,18 +182,14 @@ def from_langgraph(
     ``backend``: a ``GenerationBackend``, a ``ChatSpecTot``, or a list of them), the one
     every ToT app and LangGraph app on that backend shares. A graph over other LangChain
     models has no such backend: its speculative tasks go through the app's own dispatcher
-    (16 sequences). ``max_speculative``: a cap on the app's speculative tasks at once
+    (16 sequences); a node that makes no model call is run ahead when what it saves (its
+    committed runs' seconds, and the model calls it unblocks) outweighs what a miss wastes
+    (its CPU). ``max_speculative``: a cap on the app's speculative tasks at once
     (default: none beyond the dispatchers'); sync node functions run
     ahead on threads of their own, as many as that cap, never on LangGraph's. ``max_depth``:
     how many partial speculative supersteps a prediction may build on.
     """
-    if mode is not None and config is not None and mode != config.mode:
-        raise ConfigError("mode", f"{mode!r} disagrees with config.mode {config.mode!r}")
-    mode = mode or (config.mode if config is not None else "full")
-    if mode not in MODES:
-        raise UnknownNameError("executor mode", mode, list(MODES))
-    if max_depth < 0:
-        raise ConfigError("max_depth", f"must be >= 0, got {max_depth}")
+    mode = _checked_mode(mode, config, max_depth)
     compiled = _compiled(graph)
     try:
         nodes = speculation_of(compiled).base_nodes  # a speculative graph: start from its own
@@ -165,19 +198,7 @@ def from_langgraph(
     node_roles = roles_of(nodes, roles)
     # Nothing may run ahead in a graph of impure nodes: its runs need no speculator.
     speculate = mode not in ("baseline", "dedup") and any(r.pure for r in node_roles.values())
-    slots = SpeculationSlots(max_speculative)
-    for generation_backend in _backends(backend):
-        slots.learn(generation_backend)
-    selects = [r for r in node_roles.values() if r.select]
-    plan = SpeculationPlan(
-        roles=node_roles,
-        speculate=speculate,
-        slots=slots,
-        max_depth=max_depth,
-        strict=bool(selects) and all(r.top_k for r in selects),
-        timeout_s=config.query_timeout_s if config is not None else None,
-        base_nodes=nodes,
-    )
+    plan = _plan(nodes, node_roles, speculate, backend, max_speculative, max_depth, config)
 
     def seam(kind: type[AdoptingNode | SpeculativeNode], name: str) -> Any:
         if not (speculate and node_roles[name].pure):
