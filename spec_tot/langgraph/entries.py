@@ -5,6 +5,7 @@ reservations, and which task emitted each ``Send`` (the task tree)."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
@@ -184,6 +185,38 @@ class EntryTable:
                 return False
             entry.cancelled = True
             return True
+
+    def under_limit(self, limit: int | None) -> bool:
+        """Whether one more speculative run keeps the run within ``limit`` (its
+        ``max_concurrency``): the real step's unfinished tasks (running, or waiting for
+        LangGraph's slots) and the speculative runs not yet ended count against it."""
+        view = self.view
+        if limit is None or view is None:
+            return True
+        unfinished = len(view.tasks) - len(view.finished_writes())
+        ahead = sum(
+            1 for e in self.live() if e.future is not None and not e.future.done() and not e.adopted
+        )
+        return unfinished + ahead < limit
+
+    def least_wanted(self) -> Entry | None:
+        """A running run no prediction wants now, the least likely needed first (deepest)."""
+        idle = [e for e in self.live() if e.running and not e.wanted]
+        return min(idle, key=lambda e: (-e.step, e.id)) if idle else None
+
+    def freeze_keys(self) -> list[Entry]:
+        """Freeze every live run's key (a deep copy of the input it ran on, before an impure
+        task may mutate it in place); returns the runs whose key could not be copied."""
+        failed = []
+        for entry in self.live():
+            if entry.frozen or entry.cancelled:
+                continue
+            try:
+                entry.key = copy.deepcopy(entry.key)
+                entry.frozen = True
+            except Exception:
+                failed.append(entry)
+        return failed
 
     def sweep(self) -> None:
         with self._lock:

@@ -19,7 +19,6 @@ checkpoints, streams or callbacks unless it is adopted (``spec_tot.langgraph.rep
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import time
 from collections.abc import Callable, Mapping
@@ -152,14 +151,8 @@ class Speculator:
         """An impure task may mutate state objects in place: freeze every live run's key
         (a deep copy of the input it ran on) so that adoption compares with what it saw.
         Pure graphs never pay for the copies."""
-        for entry in self.table.live():
-            if entry.frozen or entry.cancelled:
-                continue
-            try:
-                entry.key = copy.deepcopy(entry.key)
-                entry.frozen = True
-            except Exception:  # a key that cannot be copied cannot be trusted any more
-                self._cancel(entry)
+        for entry in self.table.freeze_keys():  # a key that cannot be copied: not trusted
+            self._cancel(entry)
         self.table.sweep()
 
     # -- prediction -----------------------------------------------------------------------
@@ -209,7 +202,7 @@ class Speculator:
         """Start ``task`` (prepared on ``world``) speculatively, if a slot is free."""
         if not self.slots.idle:
             return None  # busy: speculation would slow the real path down
-        if not self._under_max_concurrency():
+        if not self.table.under_limit(self.config.get("max_concurrency")):
             return None
         # Hit rates are learnt per node, and per level: a prediction from the real partial
         # pool is one step ahead, one built on speculative steps more.
@@ -258,22 +251,6 @@ class Speculator:
         self.table.add(entry)
         return entry
 
-    def _under_max_concurrency(self) -> bool:
-        """The run's ``max_concurrency`` bounds its speculative tasks too: the real step's
-        unfinished tasks (running, or waiting for LangGraph's slots) and the speculative
-        runs not yet ended stay within it."""
-        limit = self.config.get("max_concurrency")
-        view = self.table.view
-        if limit is None or view is None:
-            return True
-        unfinished = len(view.tasks) - len(view.finished_writes())
-        ahead = sum(
-            1
-            for e in self.table.live()
-            if e.future is not None and not e.future.done() and not e.adopted
-        )
-        return unfinished + ahead < limit
-
     async def _run(self, entry: Entry) -> None:
         speculating.set(entry)
         current_branch.set(entry.branch)
@@ -291,12 +268,11 @@ class Speculator:
 
     def _evict(self) -> bool:
         """Free a slot held by a run no prediction wants now (least likely first)."""
-        idle = [e for e in self.table.live() if e.running and not e.wanted]
-        if not idle:
-            return False
-        self._cancel(min(idle, key=lambda e: (-e.step, e.id)))
-        self.table.sweep()
-        return True
+        victim = self.table.least_wanted()
+        if victim is not None:
+            self._cancel(victim)
+            self.table.sweep()
+        return victim is not None
 
     def _cancel(self, entry: Entry) -> None:
         if not self.table.mark_cancelled(entry):
@@ -315,15 +291,12 @@ class Speculator:
         if entry.adopted or entry.id in self._recorded:
             return
         self._recorded.add(entry.id)
-        status: TaskStatus = "failed" if entry.failed else "unused" if entry.ok else "cancelled"
-        self.records.append(
-            TaskRecord(
-                entry.id,
-                entry.node,
-                entry.step,
-                entry.parent,
-                status,
-                entry.started_s,
-                entry.finished_s,
-            )
-        )
+        self.records.append(_record(entry))
+
+
+def _record(entry: Entry) -> TaskRecord:
+    """What a speculative run that no real task adopted was, for the run's task tree."""
+    status: TaskStatus = "failed" if entry.failed else "unused" if entry.ok else "cancelled"
+    return TaskRecord(
+        entry.id, entry.node, entry.step, entry.parent, status, entry.started_s, entry.finished_s
+    )
