@@ -194,7 +194,8 @@ class ChatSpecTot(BaseChatModel):
                     result = await backend.generate(request)
             except TimeoutError as exc:
                 raise self._late() from exc
-        return self._result(result, request.sampling.stop, kwargs.get("model", self.model_name))
+        name = kwargs.get("model", self.model_name)
+        return _chat_result(self.backend_name, result, request.sampling.stop, name)
 
     async def _tokens(
         self,
@@ -250,20 +251,6 @@ class ChatSpecTot(BaseChatModel):
                     yield ChatGenerationChunk(message=message)
                     return
 
-    def _result(self, result: GenerateResult, stop: Sequence[str], name: str) -> ChatResult:
-        generations = []
-        for i, completion in enumerate(result.completions):
-            if completion.finish_reason == FinishReason.ABORT:
-                raise BackendError(self.backend_name, f"request {result.request_id} was aborted")
-            text = cut_at_stop(completion.text, stop)
-            message = AIMessage(
-                content=text,
-                usage_metadata=usage(result.prompt_tokens if i == 0 else 0, completion.num_tokens),
-                response_metadata=_metadata(name, result.request_id, completion),
-            )
-            generations.append(ChatGeneration(message=message))
-        return ChatResult(generations=generations)
-
     async def _agenerate(
         self,
         messages: list[BaseMessage],
@@ -318,6 +305,24 @@ class ChatSpecTot(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         chunks = self._astream(messages, stop, None, **kwargs)
         yield from iterate_in_thread(chunks, _branch_loop())
+
+
+def _chat_result(
+    backend_name: str, result: GenerateResult, stop: Sequence[str], name: str
+) -> ChatResult:
+    """A finished request as LangChain's result: one generation per sample, stops cut."""
+    generations = []
+    for i, completion in enumerate(result.completions):
+        if completion.finish_reason == FinishReason.ABORT:
+            raise BackendError(backend_name, f"request {result.request_id} was aborted")
+        text = cut_at_stop(completion.text, stop)
+        message = AIMessage(
+            content=text,
+            usage_metadata=usage(result.prompt_tokens if i == 0 else 0, completion.num_tokens),
+            response_metadata=_metadata(name, result.request_id, completion),
+        )
+        generations.append(ChatGeneration(message=message))
+    return ChatResult(generations=generations)
 
 
 def _metadata(name: str, request_id: str, completion: Completion) -> dict[str, Any]:

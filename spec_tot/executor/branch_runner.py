@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from spec_tot.backends import matches_prefix
@@ -22,7 +23,26 @@ from spec_tot.executor.segment import Cancelled, Memo, Replay, Segment
 from spec_tot.nodes import State
 from spec_tot.tree import Node, NodeStatus
 
-__all__ = ["BranchRunner"]
+__all__ = ["BranchRunner", "NodeRun"]
+
+
+@dataclass(eq=False)
+class NodeRun:
+    """What the runner keeps of one node besides its task: the one record of its run state
+    (the node's search state is the tree's)."""
+
+    memo: Memo = field(default_factory=Memo)
+    killed: bool = False  # cancelled by the controller: never restarted
+    failure: str | None = None  # its last failure
+    final: asyncio.Event | None = None  # a tool below it waits for its final walk
+    committed: asyncio.Event | None = None  # a parked non-speculable tool waits for commit
+    generating: bool = False  # its request is on the backend now
+    holds_slot: bool = False  # a speculative node holding a T2 slot
+
+    def forget_walk(self) -> None:
+        """Detached: what a node of the same id must not inherit goes (its slot and request
+        stay counted until its last task ends)."""
+        self.memo, self.failure, self.final, self.committed = Memo(), None, None, None
 
 
 class BranchRunner:
@@ -36,14 +56,15 @@ class BranchRunner:
         self._changed = changed
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self._retiring: dict[str, asyncio.Task[None]] = {}  # detached nodes' last tasks
-        self._memo: dict[Node, Memo] = {}
-        self._killed: set[Node] = set()  # cancelled by the controller: never restarted
-        self.failed: dict[Node, str] = {}  # the last failure of each node
-        self._final: dict[str, asyncio.Event] = {}
-        self._committed: dict[str, asyncio.Event] = {}
-        self.generating: set[str] = set()  # nodes whose request is on the backend now
-        self._slots: set[Node] = set()  # speculative nodes holding a T2 slot
+        self._runs: dict[Node, NodeRun] = {}
+        self._slots = 0  # speculative nodes holding a T2 slot
         self._aborts: dict[asyncio.Task[int], str] = {}  # abort calls in flight -> prefix
+
+    def _run_of(self, node: Node) -> NodeRun:
+        run = self._runs.get(node)
+        if run is None:
+            run = self._runs[node] = NodeRun()
+        return run
 
     # -- queries from the controller ------------------------------------------------------------
     def running(self, node: Node) -> bool:
@@ -51,10 +72,23 @@ class BranchRunner:
         return node.id in self.tasks
 
     def killed(self, node: Node) -> bool:
-        return node in self._killed
+        run = self._runs.get(node)
+        return run is not None and run.killed
+
+    def failure(self, node: Node) -> str | None:
+        """The last failure of ``node``'s run, None if it has not failed."""
+        run = self._runs.get(node)
+        return None if run is None else run.failure
 
     def speculative_generating(self) -> int:
-        return len(self._slots)
+        return self._slots
+
+    def generating(self, node: Node, on: bool) -> None:
+        """``node``'s request is on the backend (``on``) or back: a cancel aborts it there."""
+        if on:
+            self._run_of(node).generating = True
+        elif (run := self._runs.get(node)) is not None:
+            run.generating = False
 
     # -- starting, committing and cancelling --------------------------------------------------
     def start(self, child: Node, parent: Node) -> None:
@@ -70,7 +104,8 @@ class BranchRunner:
     def restart(self, node: Node) -> None:
         """Derive ``node`` again (its parent's walk changed, or it was adopted stale)."""
         self.ctx.tree.revive(node)
-        self.failed.pop(node, None)
+        if (run := self._runs.get(node)) is not None:
+            run.failure = None
         self._launch(node)
 
     def _launch(self, node: Node) -> None:
@@ -85,9 +120,10 @@ class BranchRunner:
         """``node`` was adopted: it counts for its round, and may pass non-pure tools."""
         if self.running(node) and node.reward is None:
             self.ctx.rewards.expect(self.ctx.query_id, node.id)
-        event = self._committed.pop(node.id, None)
-        if event is not None:
-            event.set()
+        run = self._runs.get(node)
+        if run is not None and run.committed is not None:
+            run.committed.set()
+            run.committed = None
 
     def cancel(self, node: Node) -> None:
         """Cancel a speculative subtree. A request still generating is aborted on the
@@ -96,12 +132,12 @@ class BranchRunner:
         aborting = False
         for sub in node.subtree():
             if sub.speculative:
-                self._killed.add(sub)
+                self._run_of(sub).killed = True
                 if sub.status is not NodeStatus.CANCELLED:
                     self.ctx.tree.cancel(sub)
                     self.ctx.emit("cancelled", sub)
             task = self.tasks.get(sub.id)
-            if sub.id in self.generating:
+            if (run := self._runs.get(sub)) is not None and run.generating:
                 aborting = True
             elif task is not None:
                 task.cancel()
@@ -120,36 +156,38 @@ class BranchRunner:
             task = self.tasks.pop(sub.id, None)
             if task is not None and not task.done():
                 self._retiring[sub.id] = task  # a new node with this id waits for it
-            self._memo.pop(sub, None)
-            self.failed.pop(sub, None)
-            self._final.pop(sub.id, None)
-            self._committed.pop(sub.id, None)
+            if (run := self._runs.get(sub)) is not None:
+                run.forget_walk()
 
     # -- events and slots ---------------------------------------------------------------------
     def final_event(self, node: Node) -> asyncio.Event:
         """The event a tool below ``node`` waits on for its final walk (made on first ask)."""
-        event = self._final.get(node.id)
-        if event is None:
-            event = self._final[node.id] = asyncio.Event()
+        run = self._run_of(node)
+        if run.final is None:
+            run.final = asyncio.Event()
         if node.final:
-            event.set()
-        return event
+            run.final.set()
+        return run.final
 
     def committed_event(self, node: Node) -> asyncio.Event:
         """The event a parked non-speculable tool of ``node`` waits on (made on first ask)."""
-        event = self._committed.get(node.id)
-        if event is None:
-            event = self._committed[node.id] = asyncio.Event()
-        return event
+        run = self._run_of(node)
+        if run.committed is None:
+            run.committed = asyncio.Event()
+        return run.committed
 
     def hold_slot(self, node: Node) -> None:
-        if node not in self._slots:
-            self._slots.add(node)
+        run = self._run_of(node)
+        if not run.holds_slot:
+            run.holds_slot = True
+            self._slots += 1
             self.ctx.dispatcher.started(self.ctx.query_id)
 
     def release_slot(self, node: Node, *, notify: bool = True) -> None:
-        if node in self._slots:
-            self._slots.discard(node)
+        run = self._runs.get(node)
+        if run is not None and run.holds_slot:
+            run.holds_slot = False
+            self._slots -= 1
             self.ctx.dispatcher.finished(self.ctx.query_id)
             if notify:
                 self._changed()
@@ -181,12 +219,11 @@ class BranchRunner:
         if node.terminal:
             self._detach_children(node)
         for child in list(node.children):
-            if child not in self._killed and not self.running(child):
+            if not self.killed(child) and not self.running(child):
                 self.restart(child)
-        if node.final:
-            event = self._final.get(node.id)
-            if event is not None:  # a tool waits; one asked later finds node.final set
-                event.set()
+        run = self._runs.get(node)
+        if node.final and run is not None and run.final is not None:
+            run.final.set()  # a tool waits; one asked later finds node.final set
         self._changed()
 
     # -- one run ------------------------------------------------------------------------------
@@ -201,11 +238,11 @@ class BranchRunner:
             waits.add(before)
         if waits:
             await asyncio.wait(waits)
-        memo = self._memo.setdefault(node, Memo())
+        run = self._run_of(node)
         try:
             while True:
                 try:
-                    await Segment(self, node, memo).derive()
+                    await Segment(self, node, run.memo).derive()
                     break
                 except Replay:
                     continue
@@ -218,9 +255,9 @@ class BranchRunner:
             raise
         except Exception as exc:  # one branch's failure must not end the query
             ctx.tree.cancel(node)
-            self.failed[node] = f"{node.id}: {type(exc).__name__}: {exc}"
+            run.failure = f"{node.id}: {type(exc).__name__}: {exc}"
             if not node.speculative:
-                ctx.errors.append(self.failed[node])
+                ctx.errors.append(run.failure)
             self._detach_children(node)
 
     def _done(self, node: Node, task: asyncio.Task[None]) -> None:
@@ -233,12 +270,12 @@ class BranchRunner:
         self.ctx.rewards.release(self.ctx.query_id, node.id)
         if node.parent is not None and node not in node.parent.children:
             return  # detached: nobody waits for it
-        if not node.current and node not in self._killed and not self.ctx.closed:
+        if not node.current and not self.killed(node) and not self.ctx.closed:
             self.restart(node)  # its parent's walk changed as it ended: derive again
             return
         if not node.speculative:
             if node.status is NodeStatus.RUNNING:  # adopted after its run ended well
-                ok = node.final and node.reward is not None and node not in self.failed
+                ok = node.final and node.reward is not None and self.failure(node) is None
                 if ok:
                     self.ctx.tree.score(node)
                 else:

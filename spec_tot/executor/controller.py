@@ -146,7 +146,7 @@ class QueryController:
     def _adopt(self, child: Node) -> None:
         ctx, branches = self.ctx, self.branches
         ctx.emit("speculative_hit", child)
-        failure = branches.failed.get(child)
+        failure = branches.failure(child)
         running = branches.running(child)
         if running or (failure is None and not (child.final and child.reward is not None)):
             status = NodeStatus.RUNNING  # it reports when its run ends, or derives again

@@ -51,8 +51,8 @@ class SegmentHost(Protocol):
     (``BranchRunner``)."""
 
     ctx: QueryContext
-    generating: set[str]  # nodes whose request is on the backend now
 
+    def generating(self, node: Node, on: bool) -> None: ...
     def killed(self, node: Node) -> bool: ...
     def hold_slot(self, node: Node) -> None: ...
     def release_slot(self, node: Node, *, notify: bool = True) -> None: ...
@@ -161,13 +161,13 @@ class Segment:
             runner.hold_slot(node)
         ctx.recorder.request_started(speculative=speculative)
         rows = 0 if speculative else ctx.dispatcher.committed_started()
-        runner.generating.add(node.id)
+        runner.generating(node, True)
         started, tokens = time.perf_counter(), 0
         try:
             result = await ctx.backend.generate(request)
             tokens = result.completions[0].num_tokens
         finally:
-            runner.generating.discard(node.id)
+            runner.generating(node, False)
             ctx.recorder.request_finished(speculative=speculative)
             if not speculative:  # a sample of the backend's step curve
                 ctx.dispatcher.committed_finished(rows, time.perf_counter() - started, tokens)
