@@ -61,10 +61,7 @@ class BranchRunner:
         self._aborts: dict[asyncio.Task[int], str] = {}  # abort calls in flight -> prefix
 
     def _run_of(self, node: Node) -> NodeRun:
-        run = self._runs.get(node)
-        if run is None:
-            run = self._runs[node] = NodeRun()
-        return run
+        return self._runs.get(node) or self._runs.setdefault(node, NodeRun())
 
     # -- queries from the controller ------------------------------------------------------------
     def running(self, node: Node) -> bool:
@@ -72,13 +69,11 @@ class BranchRunner:
         return node.id in self.tasks
 
     def killed(self, node: Node) -> bool:
-        run = self._runs.get(node)
-        return run is not None and run.killed
+        return (run := self._runs.get(node)) is not None and run.killed
 
     def failure(self, node: Node) -> str | None:
         """The last failure of ``node``'s run, None if it has not failed."""
-        run = self._runs.get(node)
-        return None if run is None else run.failure
+        return None if (run := self._runs.get(node)) is None else run.failure
 
     def speculative_generating(self) -> int:
         return self._slots
