@@ -42,7 +42,11 @@ class StepCounters:
             setattr(self, f.name, type(getattr(self, f.name))(0))
 
     def as_stats(self) -> dict[str, float]:
-        return {name: float(value) for name, value in dataclasses.asdict(self).items()}
+        # per emitted step batch: plain attribute reads, not asdict's deep copies
+        return {name: float(getattr(self, name)) for name in _NAMES}
+
+
+_NAMES = tuple(f.name for f in dataclasses.fields(StepCounters))
 
 
 def reset_engine_counters(engine: Any) -> None:
