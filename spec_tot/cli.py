@@ -34,10 +34,8 @@ from spec_tot._cli_interrupt import RunInterrupted, StopSignal, partial_batch
 from spec_tot._cli_report import RunOutcome, report
 from spec_tot._private.mermaid import graph_to_mermaid
 from spec_tot.backends import BackendRegistry
-from spec_tot.cli_kit import COMMAND_ENTRY_POINTS
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
-from spec_tot.plugins import declared, load_target
 from spec_tot.programs import load_program
 from spec_tot.rounds import schedule_rounds
 
@@ -337,13 +335,7 @@ def graph(program: cli_kit.ProgramOpt = None) -> None:
 _BUILTIN_COMMANDS = {"serve": "spec_tot.adapters.local.serve.command:serve"}
 
 
-def _add_commands() -> None:
-    targets = {**_BUILTIN_COMMANDS, **declared(COMMAND_ENTRY_POINTS, _BUILTIN_COMMANDS)}
-    for name, target in targets.items():
-        app.command(name)(load_target(target))
-
-
-_add_commands()
+cli_kit.add_commands(app, _BUILTIN_COMMANDS)
 
 
 def _say(line: str) -> None:

@@ -10,7 +10,8 @@ them into one-line usage errors (exit 2), other failures into one line (exit 1).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +30,7 @@ from spec_tot._cli_checks import (
 )
 from spec_tot.backends import BackendRegistry
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
+from spec_tot.plugins import declared, load_target
 from spec_tot.programs import load_program
 
 __all__ = [
@@ -41,6 +43,7 @@ __all__ = [
     "ProgramOpt",
     "SearchOpt",
     "SeedOpt",
+    "add_commands",
     "as_option",
     "console",
     "error_line",
@@ -97,3 +100,31 @@ def start_backend(
         raise ExecutionError(
             f"backend {name!r} did not start ({given}): {error_line(exc)}"
         ) from exc
+
+
+def add_commands(cli: typer.Typer, built_in: Mapping[str, str]) -> None:
+    """Register ``built_in`` (name -> ``"module:function"``) and every command of the
+    ``spec_tot.commands`` entry points on ``cli``. A plug-in may not take a name already
+    used, and one that cannot be loaded is skipped with a warning naming its entry point:
+    one broken package must not take the whole CLI down."""
+    for name, target in built_in.items():
+        cli.command(name)(load_target(target))
+    taken = {_command_name(c) for c in cli.registered_commands} | set(built_in)
+    for name, target in declared(COMMAND_ENTRY_POINTS, taken, warn=True).items():
+        try:
+            command = load_target(target)
+            if not callable(command):
+                raise TypeError(f"{type(command).__name__} is not callable")
+        except Exception as exc:
+            warnings.warn(
+                f"spec-tot command {name!r} ({target!r}, entry point group "
+                f"{COMMAND_ENTRY_POINTS}) could not be loaded: {exc!r}; skipped",
+                stacklevel=2,
+            )
+            continue
+        cli.command(name)(command)
+
+
+def _command_name(info: Any) -> str:
+    """A registered command's name: given, or typer's own from its function's."""
+    return str(info.name or getattr(info.callback, "__name__", "").replace("_", "-"))

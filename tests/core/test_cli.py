@@ -513,3 +513,32 @@ def test_serve_is_a_command_the_core_cli_does_not_import() -> None:
         "assert not {'starlette', 'uvicorn', 'torch'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_plugin_commands_register_and_a_broken_one_is_skipped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A package's ``spec_tot.commands`` entry point adds a command; one that cannot load,
+    or that claims a taken name, is skipped with a warning naming it: the CLI stays up."""
+    import importlib.metadata as md
+
+    import typer
+
+    points = [
+        md.EntryPoint("hello", "json:dumps", cli_kit.COMMAND_ENTRY_POINTS),
+        md.EntryPoint("broken", "no_such_module_xyz:cmd", cli_kit.COMMAND_ENTRY_POINTS),
+        md.EntryPoint("run", "json:loads", cli_kit.COMMAND_ENTRY_POINTS),
+    ]
+    monkeypatch.setattr("spec_tot.plugins.entry_points", lambda group: points)
+    app = typer.Typer()
+
+    @app.command()
+    def run() -> None: ...
+
+    with pytest.warns(UserWarning) as seen:
+        cli_kit.add_commands(app, {"serve": "spec_tot.adapters.local.serve.command:serve"})
+    names = sorted(cli_kit._command_name(c) for c in app.registered_commands)
+    assert names == ["hello", "run", "serve"]
+    messages = " ".join(str(w.message) for w in seen)
+    assert "'broken'" in messages and "no_such_module_xyz" in messages
+    assert "may not replace the built-in 'run'" in messages
