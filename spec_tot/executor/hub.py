@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 
@@ -40,17 +41,31 @@ class QueryInput:
 class BackendHub:
     def __init__(self, backend: GenerationBackend) -> None:
         # Weak: the hub lives in a map keyed weakly by the backend, so it must not keep it alive.
-        caps = backend.capabilities
-        self.dispatcher = Dispatcher(
-            caps.saturation_batch,
-            load=_weak_call(backend.reported_load),
-            step_curve=step_curve_of(caps.extra),
-        )
+        self._backend = weakref.ref(backend)
+        self._dispatcher: Dispatcher | None = None
+        self._lock = threading.Lock()
         self._routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, RewardRouter] = (
             weakref.WeakKeyDictionary()
         )
         self.active: set[str] = set()  # query ids running (or queued) on the backend
         self._ids = itertools.count()
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        """The backend's speculation dispatcher, sized from its capabilities when first
+        used (a hub made for a backend not started yet starts nothing)."""
+        if self._dispatcher is None:
+            with self._lock:
+                backend = self._backend()
+                if self._dispatcher is None and backend is not None:
+                    caps = backend.capabilities
+                    self._dispatcher = Dispatcher(
+                        caps.saturation_batch,
+                        load=_weak_call(backend.reported_load),
+                        step_curve=step_curve_of(caps.extra),
+                    )
+        assert self._dispatcher is not None  # internal: a hub dies with its backend
+        return self._dispatcher
 
     def router(self) -> RewardRouter:
         """The reward router of the running event loop (one per loop: it holds futures)."""

@@ -173,3 +173,17 @@ async def test_capabilities_start_a_core_that_never_ran(make_backend: Any) -> No
     backend = make_backend(process=False)
     assert backend.capabilities.saturation_batch >= 1
     assert backend.running
+
+
+async def test_a_chat_model_over_a_backend_starts_no_engine_until_used(make_backend: Any) -> None:
+    """Building ``ChatSpecTot`` (its hub included) reads nothing from the engine; the
+    first call starts it and sizes the speculation dispatcher from its calibration."""
+    from spec_tot import ChatSpecTot
+    from spec_tot.executor import hub_for
+
+    backend = make_backend(process=False)
+    llm = ChatSpecTot(backend=backend, max_tokens=4)
+    assert not backend.running
+    await llm.ainvoke("hi")
+    assert backend.running
+    assert hub_for(backend).dispatcher.capacity == backend.capabilities.saturation_batch
