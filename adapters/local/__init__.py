@@ -1,8 +1,9 @@
 """The embedded inference engine (nano-vllm style): the default backend.
 
 ``create_local(policy_path=..., prm_path=..., **engine options)`` builds a ``LocalBackend``
-whose engine core runs in a child process, started on first use; torch and transformers are
-imported there (and in this process only with ``process=False``).
+whose engine core runs in a child process, started by ``await backend.start()`` (or a first
+request); torch and transformers are imported there (and in this process only with
+``process=False``).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def create_local(
     ``EngineConfig`` fields (``synthetic`` may be a dict of ``SyntheticWorkload`` fields), and
     ``prm_num_kv_blocks`` / ``prm_block_size`` size the PRM's own prefix-cache pool.
     ``process``, ``threads``, ``prm_process``, ``launcher`` and ``core_hook`` say where the
-    engine core runs (``CoreOptions``: a child process by default, started on first use).
-    Every option and both folders are checked here; nothing loads until first use."""
+    engine core runs (``CoreOptions``: a child process by default, started by ``start()``).
+    Every option and both folders are checked here; nothing loads until it starts."""
     from .backend import LocalBackend
     from .config import (
         CoreOptions,
