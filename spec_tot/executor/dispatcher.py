@@ -106,6 +106,9 @@ class StepCurve:
     saturation: int
     scale: dict[int, float] = field(default_factory=dict)  # bucket -> s/token over the shape
     prior: dict[int, float] = field(default_factory=dict)
+    # (step_s, marginal_s) per rows until the next sample: every offer of one prediction
+    # is valued at the same load, and the dispatcher values each offer again as it pops.
+    _memo: dict[float, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     def _shape(self, rows: float) -> float:
         if not self.prior:
@@ -128,6 +131,17 @@ class StepCurve:
         sample = seconds / tokens / self._shape(rows)
         old = self.scale.get(bucket)
         self.scale[bucket] = sample if old is None else 0.8 * old + 0.2 * sample
+        self._memo.clear()
+
+    def costs(self, rows: float) -> tuple[float, float]:
+        """``(step_s(rows + 1), marginal_s(rows))``: what a launch at ``rows`` is valued
+        with, remembered until the next sample."""
+        known = self._memo.get(rows)
+        if known is None:
+            if len(self._memo) > 256:  # rows seen since the last sample: a few dozen
+                self._memo.clear()
+            known = self._memo[rows] = (self.step_s(rows + 1), self.marginal_s(rows))
+        return known
 
     def step_s(self, rows: float) -> float:
         """Seconds per token at ``rows`` in flight (the shape itself before any sample)."""
@@ -231,8 +245,9 @@ class Dispatcher:
     def value(self, offer: Offer) -> float:
         p = self.rates.rate(offer.slot)
         rows = self.rows()
-        saved = offer.tokens * self.curve.step_s(rows + 1) + offer.saved_s
-        miss = offer.tokens * self.curve.marginal_s(rows) * max(rows, 1)
+        step_s, marginal_s = self.curve.costs(rows)
+        saved = offer.tokens * step_s + offer.saved_s
+        miss = offer.tokens * marginal_s * max(rows, 1)
         miss += offer.reward_s + offer.waste_s
         # Seconds once the curve is measured, or for an offer that generates nothing (a
         # LangGraph function node): before, a token's unit is one step, and a launch's CPU

@@ -74,12 +74,17 @@ class RestMCTS(MCTS):
         self.set_value_sum(node, v * self.visits(node))
 
     def _backprop(self, path: list[Node]) -> None:
+        # (One pass per node over its children: a shadow runs this for every prediction.)
+        visits, value_sum, seen = self.visits, self.value_sum, self.seen
         for node in reversed(path):
             v = self.q(node)
             self.add_stats(node, 1, 0.0)
-            seen = [c for c in node.children if self.seen(c) and self.visits(c)]
-            total = sum(self.visits(c) for c in seen)
-            weighted = sum(self.q(c) * self.visits(c) for c in seen)
+            total, weighted = 0, 0.0
+            for c in node.children:
+                n = visits(c)
+                if n and seen(c):
+                    total += n
+                    weighted += value_sum(c) / n * n  # q x n, rounded as the paper's code
             self._set_v(node, weighted / total if total else v)
 
     def _finish_rollout(self) -> None:
