@@ -136,7 +136,7 @@ def engine_alone(device: str, rounds: int, queries: int, n: int) -> dict[str, An
     for rnd in range(rounds + 1):
         for graphs in (False, True) if rnd % 2 else (True, False):
             engine = engines[graphs]
-            engine.block_manager.reset_prefix_cache()
+            engine.reset_prefix_cache()
             before = engine.stats()
             _load(engine, f"r{rnd}", queries, n)
             start = time.perf_counter()

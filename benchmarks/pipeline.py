@@ -99,7 +99,7 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 def run_engine(engine: Any, queries: int, tag: str) -> tuple[float, dict[str, float]]:
-    engine.block_manager.reset_prefix_cache()
+    engine.reset_prefix_cache()
     before = engine.stats()
     prompts = _first_prompts(queries)
     start = time.perf_counter()

@@ -132,7 +132,7 @@ def _requests(args: argparse.Namespace, tokenizer: Any) -> list[Any]:
 def _replay(engine: Any, requests: list[Any], batch: int, tag: str) -> dict[str, float]:
     """Closed loop: ``batch`` requests in flight; output tokens per second. Request ids get
     ``tag`` (each run its own trees: no drafter finds an earlier run's output)."""
-    engine.block_manager.reset_prefix_cache()
+    engine.reset_prefix_cache()
     before = engine.stats()
     pending = [dataclasses.replace(r, request_id=f"{tag}{r.request_id}") for r in requests]
     inflight = 0

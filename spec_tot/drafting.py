@@ -46,3 +46,8 @@ class Drafter(ABC):
     def propose_batch(self, contexts: Sequence[DraftContext]) -> list[Sequence[int]]:
         """Every row of a step at once (a draft model batches them); by default one by one."""
         return [self.propose(c) for c in contexts]
+
+    def forget(self) -> None:
+        """Drop what it learnt from the sequences it saw (the engine's prefix-cache flush
+        calls it, so a benchmark's next run starts cold); by default there is nothing."""
+        return None

@@ -261,12 +261,17 @@ class LocalBackend(GenerationBackend, RewardBackend):
             await self._call(link, Flush)
 
     async def flush_prefix_cache(self) -> bool:
-        """Drop the engine's prefix cache while it is idle; False (nothing done) while
-        requests run or wait."""
-        if self._policy is None or self._cores.closed:
+        """Drop every content cache while idle, so that a run after it computes what a cold
+        engine would: the engine's prefix cache, its drafters' history of earlier
+        sequences, the PRM's cached scores and prefixes. False (something was not flushed)
+        while requests run or wait."""
+        if self._cores.closed:
             return False
-        link = await self._cores.alink(self._policy, "policy engine")
-        return bool((await self._call(link, FlushPrefixCache)).value)
+        done = True
+        for slot in self._cores.slots:
+            link = await self._cores.alink(slot, "engine")
+            done = bool((await self._call(link, FlushPrefixCache)).value) and done
+        return done
 
     def count_tokens(self, text: str) -> int:
         return self._texts.count_tokens(text)

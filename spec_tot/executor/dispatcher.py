@@ -190,6 +190,7 @@ class Dispatcher:
         self.rates = HitRates()
         self.local_committed = 0
         self.speculative: dict[str, int] = {}
+        self.speculating = 0  # sum(speculative.values()), kept: rows() runs per event
         self.peak_speculative = 0
         self.launches = 0
         self.cpu_s = 0.0  # moving average of one launch's executor CPU
@@ -208,11 +209,11 @@ class Dispatcher:
         reported = self.load()
         if reported is None:
             return self.local_committed
-        others = math.ceil(reported) - sum(self.speculative.values())
+        others = math.ceil(reported) - self.speculating
         return max(self.local_committed, others)
 
     def rows(self) -> int:
-        return self.committed + sum(self.speculative.values())
+        return self.committed + self.speculating
 
     def room(self) -> int:
         return self.capacity - self.rows()
@@ -235,10 +236,13 @@ class Dispatcher:
 
     def started(self, client: str, count: int = 1) -> None:
         self.speculative[client] = self.speculative.get(client, 0) + count
-        self.peak_speculative = max(self.peak_speculative, sum(self.speculative.values()))
+        self.speculating += count
+        self.peak_speculative = max(self.peak_speculative, self.speculating)
 
     def finished(self, client: str, count: int = 1) -> None:
-        self.speculative[client] = max(0, self.speculative.get(client, 0) - count)
+        held = self.speculative.get(client, 0)
+        self.speculative[client] = max(0, held - count)
+        self.speculating -= min(held, count)
         self._freed()
 
     # -- value ----------------------------------------------------------------------------
@@ -290,7 +294,9 @@ class Dispatcher:
         """``client`` ended: its candidates go, its sequences are no longer counted."""
         self.withdraw(client)
         self._generation.pop(client, None)
-        if self.speculative.pop(client, 0):
+        held = self.speculative.pop(client, 0)
+        self.speculating -= held
+        if held:
             self._freed()
 
     def queued(self) -> int:

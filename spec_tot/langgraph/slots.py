@@ -203,7 +203,7 @@ class RunSlots:
         must admit it), so that the launches of one pass see each other. Any other task is
         admitted by the app's own dispatcher on its committed runs' cost (``node``'s): a hit
         saves their wall seconds plus ``unblocks_s`` (the model calls it lets run ahead), a
-        miss wastes their CPU; a node never run is not worth running ahead."""
+        miss wastes their wall seconds; a node never run is not worth running ahead."""
         app = self.app
         if self.closed or not self.idle or (app.limit is not None and app.used >= app.limit):
             return None
@@ -219,7 +219,12 @@ class RunSlots:
                 return None
             dispatchers = [app.own]
             saved = cost[0] + unblocks_s
-            offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[1])
+            # A miss holds whatever the node waits on (a core, a server, an API, a lock)
+            # for as long as a hit saves: its wall seconds, not only this thread's CPU (a
+            # node that sleeps on I/O costs its I/O, which no clock here sees). So a node
+            # alone is run ahead only once its hit rate beats a coin's, or when it lets
+            # model calls run ahead.
+            offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[0])
         admitted: list[Dispatcher] = []
         for dispatcher in dispatchers:
             if not dispatcher.try_start(self.key, offer):

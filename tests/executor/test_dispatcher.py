@@ -264,3 +264,4 @@ def test_speculation_never_overbooks_under_any_sequence(
         assert 0.0 < d.rates.rate(("k", 1, 3)) < 1.0
         # each launch needs room below the saturation batch: speculation never overbooks
         assert sum(d.speculative.values()) <= capacity
+        assert d.speculating == sum(d.speculative.values())  # the kept total stays exact

@@ -197,12 +197,25 @@ class EngineCore:
                 self._emit(Pong(call, os.getpid(), self.pool_report()))
             case Start() | Stop():
                 raise BackendError("local", f"{type(command).__name__} is not a step command")
-            case Add() | Cancel() | Abort() | Flush() | FlushPrefixCache():
+            case FlushPrefixCache(call=call):
+                self._emit(Done(call, self._flush_caches()))
+            case Add() | Cancel() | Abort() | Flush():
                 self._engine_command(command)
             case _:
                 assert_never(command)
 
-    def _engine_command(self, command: Add | Cancel | Abort | Flush | FlushPrefixCache) -> None:
+    def _flush_caches(self) -> bool:
+        """Every content cache of this core, only while idle: the engine's prefix cache and
+        its drafters' history, the PRM's scores and prefixes (on its scoring thread, after
+        the scores sent before). Whether all of them were flushed."""
+        done = True
+        if self.engine is not None:
+            done = not self.engine.has_unfinished() and self.engine.reset_prefix_cache()
+        if self.prm is not None:
+            done = self._prm_pool.submit(self.prm.flush).result() and done
+        return done
+
+    def _engine_command(self, command: Add | Cancel | Abort | Flush) -> None:
         engine = self.engine
         if engine is None:
             raise BackendError("local", "no policy engine (built with a PRM only)")
@@ -221,9 +234,6 @@ class EngineCore:
                 self._emit(Done(call, len(results)))
             case Flush(call=call):
                 self._emit(Done(call, None, self._stats()))
-            case FlushPrefixCache(call=call):
-                idle = not engine.has_unfinished()
-                self._emit(Done(call, idle and engine.block_manager.reset_prefix_cache()))
 
     def step(self) -> None:
         """One engine step, and its outputs as one batch."""

@@ -110,6 +110,10 @@ class NgramDrafter(Drafter):
         self._total += len(entries) - before
         tree.done[id(tokens)] = (tokens, max(start, end + 1))
 
+    def forget(self) -> None:
+        self._trees.clear()
+        self._total = 0
+
     def propose(self, context: DraftContext) -> Sequence[int]:
         tokens, limit = context.token_ids, context.limit
         tree = self._tree(context.request_id)

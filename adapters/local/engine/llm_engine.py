@@ -131,6 +131,14 @@ class LLMEngine:
         if self.speculator is not None and curve:
             self.speculator.cost.set_curve(curve)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget cached prefixes and the drafters' history, only while idle (a run after
+        it computes what a cold engine would). Returns whether it did."""
+        done = self.block_manager.reset_prefix_cache()
+        if done and self.speculator is not None:
+            self.speculator.forget()
+        return done
+
     # -- requests ---------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))

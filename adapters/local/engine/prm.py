@@ -154,14 +154,38 @@ class PrmScorer:
         """Forget cached scores (the KV pool's prefix cache stays: it only saves work)."""
         self._scores.clear()
 
+    def flush(self) -> bool:
+        """Forget cached scores and cached prefixes, only while no block is in use (a
+        benchmark's cold start). Returns whether it did."""
+        if not self.block_manager.reset_prefix_cache():
+            return False
+        self._scores.clear()
+        return True
+
     # -- encoding ---------------------------------------------------------------------------
-    def _encode(self, text: str, ends: list[int], where: str) -> tuple[list[int], list[int]]:
-        """Token ids of ``text`` and the token covering each character index in ``ends``."""
-        check_text(text, where)  # a lone surrogate would reach the tokenizer as a TypeError
-        if len(text) > self.max_chars:
-            raise ConfigError(where, f"{len(text)} characters cannot fit in {self.max_len} tokens")
-        enc = self.tokenizer(text, return_offsets_mapping=True)
-        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+    def _encode(self, texts: Seq[tuple[str, list[int], str]]) -> list[tuple[list[int], list[int]]]:
+        """Per ``(text, ends, where)``: the token ids of ``text`` and the token covering each
+        character index in ``ends``. One tokenizer call for them all (a fast tokenizer
+        encodes a batch in one pass: per-call overhead was most of a small PRM's time)."""
+        for text, _, where in texts:
+            check_text(text, where)  # a lone surrogate would reach the tokenizer as a TypeError
+            if len(text) > self.max_chars:
+                raise ConfigError(
+                    where, f"{len(text)} characters cannot fit in {self.max_len} tokens"
+                )
+        if not texts:
+            return []
+        enc = self.tokenizer([t for t, _, _ in texts], return_offsets_mapping=True)
+        return [
+            self._tag_positions(list(ids), offsets, ends, where)
+            for ids, offsets, (_, ends, where) in zip(
+                enc["input_ids"], enc["offset_mapping"], texts, strict=True
+            )
+        ]
+
+    def _tag_positions(
+        self, ids: list[int], offsets: Seq[tuple[int, int]], ends: list[int], where: str
+    ) -> tuple[list[int], list[int]]:
         if len(ids) > self.max_len:
             raise ConfigError(where, f"{len(ids)} tokens; the PRM reads at most {self.max_len}")
         positions, t = [], 0
@@ -178,10 +202,11 @@ class PrmScorer:
         """Per item, one score per step (in [0, 1])."""
         clock = self.clock
         clock.start()
-        encoded = []
+        texts = []
         for item in items:
             text, ends = build_prm_text(item, self.step_tag)
-            encoded.append(self._encode(text, ends, f"item {item.request_id!r}"))
+            texts.append((text, ends, f"item {item.request_id!r}"))
+        encoded = self._encode(texts)
         clock.lap("tokenize")
         with self._own_stream():
             logits = self._tag_logits(encoded)
@@ -195,11 +220,11 @@ class PrmScorer:
         unless the text already ends with one); ``sigmoid`` of it is the step score. A list
         of token ids is scored the same way (the tag's ids appended unless it ends with
         them). A text longer than the model reads is a ``ConfigError`` naming it."""
-        encoded = []
+        encoded: list[tuple[list[int], list[int]]] = []
         for i, text in enumerate(texts):
             if isinstance(text, str):
                 full = text if text.endswith(self.step_tag) else text + self.step_tag
-                encoded.append(self._encode(full, [len(full) - 1], f"text[{i}]"))
+                encoded += self._encode([(full, [len(full) - 1], f"text[{i}]")])
             elif isinstance(text, list | tuple):
                 ids = self._tagged_ids(text, f"input_ids[{i}]")
                 encoded.append((ids, [len(ids) - 1]))

@@ -245,6 +245,11 @@ class TokenSpeculator:
         self._rows = self._drafted = self._prompt = 0
         self._started = 0.0
 
+    def forget(self) -> None:
+        """Every drafter drops its history (the engine's prefix-cache flush)."""
+        for drafter in self.drafters:
+            drafter.forget()
+
     def reset_counters(self) -> None:
         self.counters = SpecCounters()
 

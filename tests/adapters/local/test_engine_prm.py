@@ -74,6 +74,28 @@ def test_next_step_costs_only_its_tokens(tiny_prm: Path) -> None:
     assert new_tokens <= step + prm.block_manager.block_size  # its step (and a partial block)
 
 
+def test_flush_forgets_scores_and_prefixes(tiny_prm: Path) -> None:
+    """A flushed PRM computes a trace again as a cold one would (a benchmark's fresh run)."""
+    prm = PrmScorer(tiny_prm, "cpu", torch.float32, block_size=4)
+    cold = prm.score(TRACES)
+    computed = prm.num_computed_tokens
+    prm.score(TRACES)
+    assert prm.num_computed_tokens == computed  # warm: every score from the cache
+    assert prm.flush()
+    again = prm.score(TRACES)
+    assert prm.num_computed_tokens == 2 * computed  # cold again: every token computed
+    assert [x for s in again for x in s] == pytest.approx([x for s in cold for x in s], abs=1e-5)
+
+
+async def test_backend_flush_reaches_the_prm_core(make_backend: Any, tiny_prm: Path) -> None:
+    backend = make_backend(policy_path=None, prm_path=str(tiny_prm))
+    item = TRACES[0]
+    first = await backend.score([item])
+    assert await backend.flush_prefix_cache()  # a PRM-only backend has caches too
+    (again,) = await backend.score([item])
+    assert again == pytest.approx(first[0], abs=1e-5)
+
+
 def test_classify_raw_text_and_limits(tiny_prm: Path) -> None:
     prm = PrmScorer(tiny_prm, "cpu", torch.float32)
     item = TRACES[1]

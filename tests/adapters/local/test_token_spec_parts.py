@@ -48,6 +48,8 @@ def test_ngram_finds_own_prompt_and_sibling() -> None:
     assert list(drafter.propose(_ctx("q1/c", asker, 2, limit=3))) == [6, 6, 7]
     assert list(drafter.propose(_ctx("q2/c", [0, 0, 7, 8], 2))) == []  # another tree
     assert tree_of("q1/c/d") == "q1"
+    drafter.forget()  # the engine's prefix-cache flush: nothing learnt survives it
+    assert list(drafter.propose(_ctx("q1/c", asker, 2, limit=3))) == []
 
 
 def test_ngram_never_proposes_its_own_open_suffix() -> None:
@@ -196,6 +198,17 @@ def test_program_drafter_loads_by_name(make_engine: Any) -> None:
         make_engine(drafter="spec_drafters:FreeCost")
     with pytest.raises(ConfigError, match="not a Drafter"):
         make_engine(drafter="builtins:str")
+
+
+def test_prefix_cache_flush_forgets_the_drafters_history(make_engine: Any) -> None:
+    engine = make_engine(ngram_max=4)  # prompt lookup is opt-in
+    (ngram,) = [d for d in engine.speculator.drafters if isinstance(d, NgramDrafter)]
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(GenerateRequest("q/a", params, prompt="a tree's first node"))
+    run_all(engine)
+    assert ngram._trees  # it learnt the tree's text
+    assert engine.reset_prefix_cache()
+    assert not ngram._trees and engine.block_manager.num_used_blocks == 0
 
 
 def test_draft_model_seam(make_engine: Any, tiny_llama: Path) -> None:
