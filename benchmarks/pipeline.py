@@ -99,7 +99,8 @@ def _diff(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
 
 
 def run_engine(engine: Any, queries: int, tag: str) -> tuple[float, dict[str, float]]:
-    engine.reset_prefix_cache()
+    # (getattr: builds before the engine-wide flush had only the block manager's)
+    getattr(engine, "reset_prefix_cache", engine.block_manager.reset_prefix_cache)()
     before = engine.stats()
     prompts = _first_prompts(queries)
     start = time.perf_counter()
@@ -127,13 +128,15 @@ async def run_backend(backend: Any, queries: int, tag: str) -> tuple[float, dict
     return time.perf_counter() - start, _diff(backend.stats(), before)
 
 
-async def run_executor(backend: Any, queries: int) -> tuple[float, dict[str, float]]:
+async def run_executor(backend: Any, queries: int, seed: int = 0) -> tuple[float, dict[str, float]]:
     from spec_tot.config import ExecutorConfig
     from spec_tot.graphs.game24 import PROGRAM, game24_inputs
 
     await backend.flush_prefix_cache()
     before = backend.stats()
-    config = ExecutorConfig(mode="full", seed=0, max_concurrency=queries)
+    # A seed per run: a run must not find the texts of an earlier one in a cache (builds
+    # whose flush left the PRM's scores and the drafters' history behind would run warm).
+    config = ExecutorConfig(mode="full", seed=seed, max_concurrency=queries)
     app = PROGRAM.build(backend=backend, search="rebase", search_params={}, config=config)
     start = time.perf_counter()
     batch = await app.arun_batch(game24_inputs(queries))
@@ -184,7 +187,7 @@ async def _rounds(args: argparse.Namespace, options: dict[str, Any]) -> dict[str
                 elif layer == "backend":
                     wall, stats = await run_backend(backend, q, tag)
                 else:
-                    wall, stats = await run_executor(backend, q)
+                    wall, stats = await run_executor(backend, q, seed=1000 * args.seed + rnd)
                 row = _row(wall, stats)
                 print(f"round {rnd} {layer}@{q}: {row['steps_per_s']:.1f} steps/s "
                       f"{row['tokens_per_s']:.0f} tok/s", flush=True)  # fmt: skip

@@ -186,12 +186,12 @@ class GraphRun:
             if self.closing:
                 raise concurrent.futures.CancelledError("the run is closing")
         token = current_branch.set(self._branch(view, task))
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clocks = _clocks()
         try:
             return node.inner.invoke(input, config, **kw)
         finally:
             current_branch.reset(token)
-            self._observe(task.name, wall, cpu)
+            self._observe(task.name, clocks)
 
     async def acall(self, node: AdoptingNode, input: Any, config: RunnableConfig, kw: Any) -> Any:
         """A real task calls a speculable node (async, on the run's loop)."""
@@ -209,19 +209,22 @@ class GraphRun:
             if self.closing:
                 raise asyncio.CancelledError("the run is closing")
         token = current_branch.set(self._branch(view, task))
-        wall, cpu = time.perf_counter(), time.thread_time()
+        clocks = _clocks()
         try:
             return await node.inner.ainvoke(input, config, **kw)
         finally:
             current_branch.reset(token)
             # The loop's CPU over the call: other tasks' too, so an upper bound of its own.
-            self._observe(task.name, wall, cpu)
+            self._observe(task.name, clocks)
 
-    def _observe(self, node: str, wall: float, cpu: float) -> None:
-        """What a committed run of ``node`` cost since ``wall``/``cpu``: what running it
-        ahead would save on a hit and waste on a miss (the speculation rule weighs both)."""
-        wall_s, cpu_s = time.perf_counter() - wall, time.thread_time() - cpu
-        self.plan.slots.observe_node(node, wall_s, cpu_s)
+    def _observe(self, node: str, since: tuple[float, float, float]) -> None:
+        """What a committed run of ``node`` cost since ``since`` (``_clocks``): what running
+        it ahead would save on a hit and waste on a miss (the speculation rule weighs both)."""
+        wall, cpu, process = (now - then for now, then in zip(_clocks(), since, strict=True))
+        # Wall seconds in which the whole process computed nothing: the node waited on
+        # something outside it (a server, an API, a sleep), which a miss holds as long.
+        # Waiting for this process's own work (the GIL, a busy loop) is not counted.
+        self.plan.slots.observe_node(node, wall, cpu, max(0.0, wall - process))
 
     def task_done(self, config: RunnableConfig) -> None:
         """A real task's writes are complete (its last writer runs this)."""
@@ -323,3 +326,8 @@ class GraphRun:
 
 def _never() -> bool:
     return False
+
+
+def _clocks() -> tuple[float, float, float]:
+    """(wall, this thread's CPU, the process's CPU) now."""
+    return time.perf_counter(), time.thread_time(), time.process_time()

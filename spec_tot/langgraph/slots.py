@@ -54,8 +54,9 @@ class SpeculationSlots:
     own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
     lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
     max_lag_s: float = 0.005
-    # node -> (wall, CPU) seconds of its committed runs, moving averages: what a hit saves
-    # and what a miss wastes, for a node that is not a model call.
+    # node -> (wall, waste) seconds of its committed runs, moving averages: what a hit
+    # saves and what a miss wastes (CPU + time waiting outside the process), for a node
+    # that is not a model call.
     node_costs: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -103,11 +104,13 @@ class SpeculationSlots:
             self.hubs.append(hub)
         return hub
 
-    def observe_node(self, node: str, wall_s: float, cpu_s: float) -> None:
+    def observe_node(self, node: str, wall_s: float, cpu_s: float, away_s: float = 0.0) -> None:
         """A committed run of ``node`` took ``wall_s`` seconds, ``cpu_s`` of them this
-        thread's CPU."""
+        thread's CPU, ``away_s`` of them with the whole process idle (waiting outside it).
+        Kept per node: (wall, what a miss wastes = CPU + time away), moving averages."""
         old = self.node_costs.get(node)
-        sample = (max(0.0, wall_s), max(0.0, min(cpu_s, wall_s)))
+        wall = max(0.0, wall_s)
+        sample = (wall, min(wall, max(0.0, min(cpu_s, wall_s)) + max(0.0, away_s)))
         self.node_costs[node] = (
             sample
             if old is None
@@ -203,7 +206,8 @@ class RunSlots:
         must admit it), so that the launches of one pass see each other. Any other task is
         admitted by the app's own dispatcher on its committed runs' cost (``node``'s): a hit
         saves their wall seconds plus ``unblocks_s`` (the model calls it lets run ahead), a
-        miss wastes their wall seconds; a node never run is not worth running ahead."""
+        miss wastes their CPU and their time waiting outside the process; a node never run
+        is not worth running ahead."""
         app = self.app
         if self.closed or not self.idle or (app.limit is not None and app.used >= app.limit):
             return None
@@ -219,12 +223,11 @@ class RunSlots:
                 return None
             dispatchers = [app.own]
             saved = cost[0] + unblocks_s
-            # A miss holds whatever the node waits on (a core, a server, an API, a lock)
-            # for as long as a hit saves: its wall seconds, not only this thread's CPU (a
-            # node that sleeps on I/O costs its I/O, which no clock here sees). So a node
-            # alone is run ahead only once its hit rate beats a coin's, or when it lets
-            # model calls run ahead.
-            offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[0])
+            # A miss wastes the node's CPU and holds what it waits on outside the process
+            # (a server, an API, a sleep) as long as a hit saves; such a node alone runs
+            # ahead only once its hit rate beats a coin's, or when it lets model calls run
+            # ahead. A CPU-bound node's miss costs its CPU only.
+            offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[1])
         admitted: list[Dispatcher] = []
         for dispatcher in dispatchers:
             if not dispatcher.try_start(self.key, offer):
