@@ -215,16 +215,19 @@ class GraphRun:
         finally:
             current_branch.reset(token)
             # The loop's CPU over the call: other tasks' too, so an upper bound of its own.
-            self._observe(task.name, clocks)
+            self._observe(task.name, clocks, own_wall=_coroutine(node))
 
-    def _observe(self, node: str, since: tuple[float, float, float]) -> None:
+    def _observe(self, node: str, since: tuple[float, float, float], own_wall: bool = True) -> None:
         """What a committed run of ``node`` cost since ``since`` (``_clocks``): what running
-        it ahead would save on a hit and waste on a miss (the speculation rule weighs both)."""
+        it ahead would save on a hit and waste on a miss (the speculation rule weighs both).
+        ``own_wall``: the wall seconds are the node's own (not a sync function's wait for a
+        worker thread of an async run, which is this process's contention)."""
         wall, cpu, process = (now - then for now, then in zip(_clocks(), since, strict=True))
         # Wall seconds in which the whole process computed nothing: the node waited on
         # something outside it (a server, an API, a sleep), which a miss holds as long.
         # Waiting for this process's own work (the GIL, a busy loop) is not counted.
-        self.plan.slots.observe_node(node, wall, cpu, max(0.0, wall - process))
+        away = max(0.0, wall - process) if own_wall else 0.0
+        self.plan.slots.observe_node(node, wall, cpu, away)
 
     def task_done(self, config: RunnableConfig) -> None:
         """A real task's writes are complete (its last writer runs this)."""
@@ -331,3 +334,9 @@ def _never() -> bool:
 def _clocks() -> tuple[float, float, float]:
     """(wall, this thread's CPU, the process's CPU) now."""
     return time.perf_counter(), time.thread_time(), time.process_time()
+
+
+def _coroutine(node: Any) -> bool:
+    """Whether ``node`` runs as a coroutine on the run's loop; a sync function's
+    ``ainvoke`` first waits for a worker thread (LangGraph's ``run_in_executor``)."""
+    return getattr(node.inner, "func", None) is None

@@ -223,3 +223,23 @@ async def test_speculative_tasks_count_against_max_concurrency() -> None:
     assert 0 < now["peak"] <= 6
     totals = speculation_of(app).totals
     assert totals.speculative > 0 and totals.adopted > 0  # it did run ahead
+
+
+def test_function_node_pays_its_waiting_outside_the_process() -> None:
+    """A function node is run ahead on its committed cost: a hit saves its wall seconds, a
+    miss wastes its CPU plus the time the process sat idle while it ran (what it waited on
+    outside). A node that only waits is not run ahead on a coin's odds; a CPU-bound one,
+    slowed by the process's own work, is."""
+    from spec_tot.langgraph.slots import SpeculationSlots
+
+    slots = SpeculationSlots()
+    slots.max_cpu_share = float("inf")  # the gates on this process's load are not tested here
+    slots.observe_node("waits", wall_s=0.2, cpu_s=0.001, away_s=0.199)
+    slots.observe_node("computes", wall_s=0.2, cpu_s=0.05, away_s=0.0)
+    assert slots.node_costs == {"waits": (0.2, 0.2), "computes": (0.2, 0.05)}
+    run = slots.for_run("r")
+    assert run.acquire("langgraph:waits", 1, False, "waits") is None
+    assert run.acquire("langgraph:never_ran", 1, False, "never_ran") is None
+    assert run.acquire("langgraph:computes", 1, False, "computes") is not None
+    # ... and a waiting node that lets a model call run ahead is worth it
+    assert run.acquire("langgraph:waits", 1, False, "waits", unblocks_s=0.3) is not None
