@@ -156,6 +156,7 @@ class EngineCore:
             if commands is None:
                 break
             self.clock.start()
+            _encode_ahead(self.engine, commands)
             for command in commands:
                 running = self.handle(command) and running
             self.clock.lap("commands")
@@ -355,3 +356,10 @@ def pool_report(engine: Any, prm: Any) -> PoolReport:
         prm_free_blocks=prm_free,
         prm_total_blocks=prm_total,
     )
+
+
+def _encode_ahead(engine: Any, commands: list[Any]) -> None:
+    """The text prompts of a batch of ``Add`` commands, tokenized in one call."""
+    texts = [c.request.prompt for c in commands if isinstance(c, Add) and c.request.prompt]
+    if engine is not None and len(texts) > 1:
+        engine.validator.encode_ahead(texts)

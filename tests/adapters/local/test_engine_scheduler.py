@@ -152,3 +152,34 @@ def test_bad_requests_raise_config_error(make_engine: Any) -> None:
     run_all(engine)
     with pytest.raises(ConfigError, match="block_size"):
         make_engine(block_size=0)
+
+
+def test_prompts_tokenized_ahead_in_one_call(make_engine: Any) -> None:
+    """The engine core tokenizes a command batch's prompts in one call: each prompt gets
+    the ids it would alone, a refused one still fails alone with its own error, and an
+    unused entry does not outlive the next batch."""
+    from transformers import AutoTokenizer
+
+    from spec_tot.adapters.local.engine.validate import RequestValidator
+    from spec_tot.graphs.game24 import PROGRAM
+
+    real = AutoTokenizer.from_pretrained(PROGRAM.backend_options("local")["policy_path"])
+    engine = make_engine()
+    texts = ["Use 4 4 6 8.\n4+4=8 (left: 6 8 8)\n", "héllo  wörld\n\n", "x" * 5000, "a\ud800"]
+    for tokenizer in (engine.tokenizer, real):
+        validator = RequestValidator(tokenizer, 1 << 20, 4096, 8, max_chars=4096)
+        validator.encode_ahead(texts[:3])
+        assert set(validator._ahead) == set(texts[:2])  # the long one is left to its check
+        params = SamplingParams(max_tokens=1)
+        for text in texts[:2]:
+            ids = validator.prompt_ids(GenerateRequest("r", params, prompt=text))
+            assert ids == list(tokenizer.encode(text))
+        with pytest.raises(ConfigError, match="characters"):
+            validator.prompt_ids(GenerateRequest("r", params, prompt=texts[2]))
+        validator.encode_ahead([texts[0], texts[1]])
+        validator.encode_ahead([texts[1], "other", "third"])
+        assert texts[0] not in validator._ahead  # left by the batch before: forgotten
+        validator.encode_ahead(texts[:2] + texts[3:])  # a batch the tokenizer refuses
+        assert validator.prompt_ids(GenerateRequest("r", params, prompt=texts[0])) == list(
+            tokenizer.encode(texts[0])
+        )
