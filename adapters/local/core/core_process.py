@@ -89,6 +89,9 @@ def serve_core(conn: Connection) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # A core's CPUs are its model's threads: a batch tokenization (the engine's prompts, the
+    # PRM's items) on a thread pool of its own would only contend with them.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     threading.Thread(target=_watch_parent, args=(conn.fileno(),), daemon=True).start()
     out = OutputCodec()
     lock = threading.Lock()
