@@ -191,9 +191,9 @@ class QueryController:
         room = spec.max_speculative_per_query - self.branches.speculative_generating()
         ask = min(room, self._predict_cap)
         if spec.budget:
-            # Prediction runs the policy forward and its cost grows with the ask: ask for
-            # what the backend has room for now, and a couple more to queue for freed room.
-            ask = min(ask, max(ctx.dispatcher.room(), 2))
+            # Prediction's CPU grows with the ask: ask only for the room there is now (a
+            # full engine's predictions took CPU the engine and PRM needed: REST-MCTS*).
+            ask = min(ask, ctx.dispatcher.room())
         if ask <= 0:
             if spec.budget:
                 ctx.dispatcher.withdraw(ctx.query_id)
