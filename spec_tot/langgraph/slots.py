@@ -110,7 +110,7 @@ class SpeculationSlots:
         Kept per node: (wall, what a miss wastes = CPU + time away), moving averages."""
         old = self.node_costs.get(node)
         wall = max(0.0, wall_s)
-        sample = (wall, min(wall, max(0.0, min(cpu_s, wall_s)) + max(0.0, away_s)))
+        sample = (wall, min(wall, max(0.0, cpu_s) + max(0.0, away_s)))
         self.node_costs[node] = (
             sample
             if old is None
