@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from spec_tot.errors import ExecutionError
@@ -22,7 +22,7 @@ from spec_tot.executor.dispatcher import Offer
 from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord
 from spec_tot.nodes import GraphNode
-from spec_tot.policies.base import Answer, Candidate, Expansion, startable_width
+from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Node, NodeStatus, SearchTree
 
 __all__ = ["QueryController", "QueryOutcome", "record_for"]
@@ -194,13 +194,29 @@ class QueryController:
             # Prediction's CPU grows with the ask: ask only for the room there is now (a
             # full engine's predictions took CPU the engine and PRM needed: REST-MCTS*).
             ask = min(ask, ctx.dispatcher.room())
+        if spec.budget and ask > 0:
+            # No prediction at all while no offer could pay at this load (its CPU is the
+            # engine's and the PRM's on a small host).
+            tokens, reward_s = self._mean_tokens or 1.0, ctx.rewards.item_s
+            ask = ask if ctx.dispatcher.could_pay(self.policy.name, tokens, reward_s) else 0
         if ask <= 0:
             if spec.budget:
                 ctx.dispatcher.withdraw(ctx.query_id)
             return
-        predicted = self.policy.predict(self.tree, ask)
+        predicted = self.policy.predictions(self.tree, ask)
         if spec.speculate == "all":
-            predicted = self._every_known_candidate(predicted)
+            predicted = iter(_every_known_candidate(self.policy, self._round, list(predicted)))
+        offers = self._offers_for(predicted)
+        if spec.budget:
+            ctx.dispatcher.offer(ctx.query_id, offers[:room])
+            return
+        for offer in offers[:room]:
+            offer.launch(offer)
+
+    def _offers_for(self, predicted: Iterator[Candidate]) -> list[Offer]:
+        """The offers of the predicted children, pulled best first; under T2 the pulling
+        stops at the first candidate the dispatcher would not launch now (later ones are
+        less likely still, and an MCTS prediction costs a simulated selection each)."""
         offers: list[Offer] = []
         for c in predicted:
             parent = self.tree.get(c.parent_id)
@@ -209,15 +225,13 @@ class QueryController:
             # ``c.width`` is what the node lacks; it must still lack it now
             width = min(c.width, startable_width(parent, len(parent.children) + c.width))
             level = _level(parent) + 1
-            if width <= 0 or level > spec.max_spec_depth:
+            if width <= 0 or level > self.spec.max_spec_depth:
                 continue
-            target = len(parent.children) + width
-            offers.extend(self._offer(parent, level, target, c.utility) for _ in range(width))
-        if spec.budget:
-            ctx.dispatcher.offer(ctx.query_id, offers[:room])
-            return
-        for offer in offers[:room]:
-            offer.launch(offer)
+            offer = self._offer(parent, level, len(parent.children) + width, c.utility)
+            if self.spec.budget and self.ctx.dispatcher.value(offer) <= 0:
+                break
+            offers.extend([offer] * width)
+        return offers
 
     def _offer(self, parent: Node, level: int, target: int, utility: float) -> Offer:
         # A child's length is unknown until generated: its parent's is the best guess.
@@ -256,24 +270,6 @@ class QueryController:
             return True
         return not spec.budget or ctx.dispatcher.room() > 0
 
-    def _every_known_candidate(self, predicted: list[Candidate]) -> list[Candidate]:
-        """Naive continuation (the papers' strawman, and SpecScale's speculation): every
-        known, unfinished candidate of the round is continued at once (its reward may still
-        be pending), at the widest width the policy would give any node; MCTS-like
-        policies keep their own predictions."""
-        if not self.policy.discards_unselected:
-            return predicted
-        width = max((c.width for c in predicted), default=1)
-        chosen = {c.parent_id for c in predicted}
-        rest = [
-            Candidate(n.id, width, 0.0)
-            for n in self._round
-            if n.id not in chosen
-            and n.depth < self.policy.max_depth
-            and startable_width(n, width) == width
-        ]
-        return [*predicted, *rest]
-
     # -- the end ------------------------------------------------------------------------------
     async def _shutdown(self) -> None:
         ctx = self.ctx
@@ -289,6 +285,25 @@ class QueryController:
 
 async def _no_wait(_tool: GraphNode) -> None:
     return None
+
+
+def _every_known_candidate(
+    policy: SearchPolicy, round_nodes: list[Node], predicted: list[Candidate]
+) -> list[Candidate]:
+    """Naive continuation (the papers' strawman, and SpecScale's speculation): every known,
+    unfinished candidate of the round is continued at once (its reward may still be
+    pending), at the widest width the policy would give any node; MCTS-like policies keep
+    their own predictions."""
+    if not policy.discards_unselected:
+        return predicted
+    width = max((c.width for c in predicted), default=1)
+    chosen = {c.parent_id for c in predicted}
+    rest = [
+        Candidate(n.id, width, 0.0)
+        for n in round_nodes
+        if n.id not in chosen and n.depth < policy.max_depth and startable_width(n, width) == width
+    ]
+    return [*predicted, *rest]
 
 
 def _level(node: Node) -> int:

@@ -5,17 +5,17 @@ batch, app and LangGraph run that uses the backend in this process
 Clients offer speculative candidates (``Offer``); every candidate of every client waits in
 one priority queue keyed by its expected value::
 
-    value = P(hit) x seconds a hit saves  -  (1 - P(hit)) x what a miss costs  -  launch CPU
+    value = P(hit) x saved  -  (1 - P(hit)) x wasted  -  launch CPU
 
 - ``P(hit)``: learnt online per (kind, level, confidence): ``kind`` names what predicted it
   (a search policy, a LangGraph node), ``level`` how far below committed work it hangs,
   ``confidence`` the predictor's own estimate (a policy's utility in [0, 1], in quarters):
   the rate calibrates it. A Beta(1, 1) prior, so a new slot starts at 0.5.
-- seconds a hit saves: its expected tokens x the step time at the current load: what the
-  critical path would spend generating it after the commit (plus what the client adds).
-- what a miss costs: its tokens x the step-time increase one more row causes, felt by every
-  row in flight, plus its reward (PRM) seconds. A hit costs nothing extra: the committed
-  search would have done the same work, later.
+- saved: its expected tokens x the step time at the current load: what the critical path
+  would spend generating it after the commit (plus what the client adds).
+- wasted: its tokens x the step-time increase one more row causes, felt by every row in
+  flight, plus its reward (PRM) seconds and what else its run costs the process. A hit
+  costs nothing extra: the committed search would have done the same work, later.
 - launch CPU: the executor's own seconds per launch, measured.
 
 The step time per load comes from a ``StepCurve`` learnt from the committed requests' own
@@ -39,6 +39,8 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from spec_tot.executor.step_curve import StepCurve
 
 __all__ = ["Dispatcher", "HitRates", "Offer", "StepCurve"]
 
@@ -95,82 +97,10 @@ class HitRates:
         counts = self._counts(slot)
         counts[1] = min(counts[0], counts[1] + 1)
 
-
-@dataclass
-class StepCurve:
-    """Seconds per generated token against rows in flight, learnt per power-of-two bucket
-    (moving averages) over a shape: the backend's calibrated step-time curve when it has
-    one (``prior``: decode batch -> seconds a step), else the roofline's
-    ``max(1, rows / saturation)``."""
-
-    saturation: int
-    scale: dict[int, float] = field(default_factory=dict)  # bucket -> s/token over the shape
-    prior: dict[int, float] = field(default_factory=dict)
-    # (step_s, marginal_s) per rows until the next sample: every offer of one prediction
-    # is valued at the same load, and the dispatcher values each offer again as it pops.
-    _memo: dict[float, tuple[float, float]] = field(default_factory=dict, repr=False)
-
-    def _shape(self, rows: float) -> float:
-        if not self.prior:
-            return max(1.0, rows / self.saturation)
-        return _interpolate(self.prior, max(rows, 1.0))
-
-    @staticmethod
-    def _bucket(rows: float) -> int:
-        return max(0, math.ceil(math.log2(max(rows, 1.0))))
-
-    @property
-    def measured(self) -> bool:
-        """Whether its figures are seconds (sampled, or calibrated), not steps."""
-        return bool(self.scale) or bool(self.prior)
-
-    def observe(self, rows: float, seconds: float, tokens: int) -> None:
-        if tokens <= 0 or seconds <= 0 or not math.isfinite(seconds):
-            return
-        bucket = self._bucket(rows)
-        sample = seconds / tokens / self._shape(rows)
-        old = self.scale.get(bucket)
-        self.scale[bucket] = sample if old is None else 0.8 * old + 0.2 * sample
-        self._memo.clear()
-
-    def costs(self, rows: float) -> tuple[float, float]:
-        """``(step_s(rows + 1), marginal_s(rows))``: what a launch at ``rows`` is valued
-        with, remembered until the next sample."""
-        known = self._memo.get(rows)
-        if known is None:
-            if len(self._memo) > 256:  # rows seen since the last sample: a few dozen
-                self._memo.clear()
-            known = self._memo[rows] = (self.step_s(rows + 1), self.marginal_s(rows))
-        return known
-
-    def step_s(self, rows: float) -> float:
-        """Seconds per token at ``rows`` in flight (the shape itself before any sample)."""
-        if not self.scale:
-            return self._shape(rows)
-        bucket = self._bucket(rows)
-        nearest = min(self.scale, key=lambda b: (abs(b - bucket), b))
-        return float(self.scale[nearest] * self._shape(rows))
-
-    def marginal_s(self, rows: float) -> float:
-        """What one more row adds to a step at ``rows``: the slope between the buckets
-        measured around it, else the shape's."""
-        lower = [1 << b for b in self.scale if 1 << b <= max(rows, 1.0)]
-        upper = [1 << b for b in self.scale if 1 << b > max(rows, 1.0)]
-        if lower and upper:
-            lo, hi = max(lower), min(upper)
-            return max(0.0, (self.step_s(hi) - self.step_s(lo)) / (hi - lo))
-        return max(0.0, self.step_s(rows + 1) - self.step_s(rows))
-
-
-def _interpolate(points: dict[int, float], x: float) -> float:
-    """Piecewise-linear through ``points``, extended by the last segment's slope."""
-    keys = sorted(points)
-    if len(keys) == 1 or x <= keys[0]:
-        return points[keys[0]]
-    pairs = list(itertools.pairwise(keys))
-    b0, b1 = next(((lo, hi) for lo, hi in pairs if x <= hi), pairs[-1])
-    t0, t1 = points[b0], points[b1]
-    return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
+    def best(self, kind: str) -> float:
+        """The best rate among ``kind``'s slots, at least the prior's even odds (most of its
+        slots are never tried)."""
+        return max([0.5, *(self.rate(slot) for slot in self.counts if slot[0] == kind)])
 
 
 class Dispatcher:
@@ -246,13 +176,18 @@ class Dispatcher:
         self._freed()
 
     # -- value ----------------------------------------------------------------------------
-    def value(self, offer: Offer) -> float:
-        p = self.rates.rate(offer.slot)
+    def value(self, offer: Offer, p: float | None = None) -> float:
+        """``offer``'s value now, at its slot's hit rate unless ``p`` is given."""
+        if p is None:
+            p = self.rates.rate(offer.slot)
         rows = self.rows()
         step_s, marginal_s = self.curve.costs(rows)
         saved = offer.tokens * step_s + offer.saved_s
-        miss = offer.tokens * marginal_s * max(rows, 1)
-        miss += offer.reward_s + offer.waste_s
+        # A miss slows every row in flight for nothing. A hit costs nothing extra: the
+        # committed search would have done the same work, later. (Charging hits that delay
+        # too, as if the engine were saturated, stopped rStar's and beam's sure hits at 16
+        # and 32 in flight, where they gain 3-4%.)
+        miss = offer.tokens * marginal_s * max(rows, 1) + offer.reward_s + offer.waste_s
         # Seconds once the curve is measured, or for an offer that generates nothing (a
         # LangGraph function node): before, a token's unit is one step, and a launch's CPU
         # seconds are not comparable with it.
@@ -262,6 +197,13 @@ class Dispatcher:
     def hit(self, offer: Offer) -> None:
         """A launched ``offer`` was adopted."""
         self.rates.hit(offer.slot)
+
+    def could_pay(self, kind: str, tokens: float, reward_s: float = 0.0) -> bool:
+        """Whether an offer of ``kind`` could have value now at the best odds it may have
+        (its best slot, or even odds for a slot not tried yet): a client asks before it
+        spends CPU predicting (an MCTS prediction simulates selections from the root)."""
+        best = self.rates.best(kind)
+        return self.value(Offer(kind, 0, tokens, _never, reward_s=reward_s), best) > 0
 
     # -- the queue ------------------------------------------------------------------------
     def offer(self, client: str, offers: list[Offer]) -> None:
@@ -379,3 +321,7 @@ class Dispatcher:
         if len(self._heap) > 64 + 4 * self.queued():
             self._heap = [e for e in self._heap if self._valid(e[2], e[3])]
             heapq.heapify(self._heap)
+
+
+def _never(_offer: Offer) -> bool:
+    return False

@@ -26,6 +26,10 @@ __all__ = ["ScoreCalls"]
 # _MIN_HANG_S, at most a quarter of the shortest deadline among its queries) is split.
 _HANG_FACTOR = 8.0
 _MIN_HANG_S = 0.05
+# Before any call has finished there is no typical call: a run's first shared batch (every
+# query's first items, while the engine prefills them all) is slow, not hung. Splitting it
+# at _MIN_HANG_S scored a whole wave twice (REST-MCTS* at 16 in flight: 56 items).
+_COLD_HANG_S = 2.0
 
 QueryInfo = Callable[[str], "tuple[MetricsRecorder, float | None] | None"]
 
@@ -148,8 +152,10 @@ class ScoreCalls:
         query: well past what calls of its size take (a large lazy-verification batch is
         slower than the calls before it, not hung), and well within the queries' own
         deadlines."""
-        typical = max(self._latency or 0.0, self.item_s * items)
-        limit = max(_MIN_HANG_S, _HANG_FACTOR * typical)
+        if self._latency is None:
+            limit = _COLD_HANG_S
+        else:
+            limit = max(_MIN_HANG_S, _HANG_FACTOR * max(self._latency, self.item_s * items))
         infos = [self._query_info(qid) for qid in queries]
         deadlines = [i[1] for i in infos if i is not None and i[1] is not None]
         return min(limit, min(deadlines) / 4) if deadlines else limit

@@ -19,6 +19,9 @@ Contract:
   with ``predicted_reward`` as its score, so a prediction may chain several levels below the
   committed frontier. It returns at most ``budget`` children's worth of candidates, only on
   nodes whose continuation can start (``startable``), for the children they lack.
+  ``predictions(tree, budget)`` gives the same candidates one at a time, best first: the
+  executor stops pulling once the next one is not worth its cost, so a policy whose
+  prediction costs CPU per candidate (MCTS's simulated selections) computes lazily.
 - ``keep_count(tree)`` is the k of the current round for early pruning: after k children of
   the round are scored, any scored child strictly below the k-th best cannot be selected.
   ``None`` when the policy's selection is not a top-k (REBASE, MCTS, best-of-N).
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import ClassVar, Self
@@ -85,6 +88,11 @@ class SearchPolicy(ABC):
 
     @abstractmethod
     def predict(self, tree: SearchTree, budget: int) -> list[Candidate]: ...
+
+    def predictions(self, tree: SearchTree, budget: int) -> Iterator[Candidate]:
+        """``predict``'s candidates, best first, computed as they are pulled (this default
+        computes them all at once)."""
+        yield from self.predict(tree, budget)
 
     @abstractmethod
     def done(self, tree: SearchTree) -> bool: ...

@@ -27,7 +27,7 @@ up to ``budget`` children. Candidates' utility falls with their pick order.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.policies.checks import (
@@ -230,31 +230,36 @@ class MCTS(SearchPolicy):
         whose children are not: that leaf is a candidate if it can start. Then the shadow's
         path takes a visit at its predicted value and a fresh selection goes on, up to
         ``budget`` children. Statistics live in the shadow's overlay: no tree copy."""
+        return list(self.predictions(tree, budget))
+
+    def predictions(self, tree: SearchTree, budget: int) -> Iterator[Candidate]:
+        """``predict``'s candidates as they are pulled: each further one costs simulated
+        selections from the root, and later ones are ever less likely to be launched."""
         if budget <= 0 or self._finished or not self._started:
-            return []
+            return
         shadow = self.shadow()
-        out: list[Candidate] = []
+        given: set[str] = set()
         left = budget
         wanted = min(_MAX_CANDIDATES, -(-budget // self.width))
         for _ in range(3 * wanted + 3):  # bounded: blocked picks still take a visit
             if shadow._finished:
-                break
+                return
             step = feed_known(
                 shadow._outstanding, shadow._fed, tree, shadow.on_reward, partial=True
             )
             if step is None:
-                break
+                return
             node, width, guessed = step
             room = min(startable_width(node, width), left)
-            if room > 0 and all(c.parent_id != node.id for c in out):
-                utility = (0.5 if guessed else 1.0) / (1 + len(out))
-                out.append(Candidate(node.id, room, utility))
+            if room > 0 and node.id not in given:
+                utility = (0.5 if guessed else 1.0) / (1 + len(given))
+                given.add(node.id)
+                yield Candidate(node.id, room, utility)
                 left -= room
-                if left <= 0 or len(out) >= wanted:
-                    break
+                if left <= 0 or len(given) >= wanted:
+                    return
             shadow._virtual_visit()
             shadow._run(tree)
-        return out
 
     def _copy_state(self) -> None:
         self._outstanding = Outstanding(

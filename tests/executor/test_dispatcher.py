@@ -265,3 +265,33 @@ def test_speculation_never_overbooks_under_any_sequence(
         # each launch needs room below the saturation batch: speculation never overbooks
         assert sum(d.speculative.values()) <= capacity
         assert d.speculating == sum(d.speculative.values())  # the kept total stays exact
+
+
+def test_could_pay_values_a_kind_at_its_best_odds() -> None:
+    """Before predicting, a client asks whether any offer of its kind could pay now: at the
+    kind's best slot (even odds for a kind not tried). Where a step grows in proportion to
+    the rows, a miss costs about a hit's saving: even odds with a reward cost cannot pay,
+    sure hits still do; on a flat curve even odds pay (with no reward cost)."""
+    linear = Dispatcher(capacity=64, step_curve={1: 0.001, 8: 0.008, 64: 0.064})
+    flat = Dispatcher(capacity=64, step_curve={1: 0.001, 64: 0.0012})
+    for d in (linear, flat):
+        for _ in range(16):
+            d.committed_started()
+    assert not linear.could_pay("new", 10.0, reward_s=0.05)
+    assert flat.could_pay("new", 10.0)
+    sure = Offer("sure", 1, 10.0, lambda _: True)
+    for _ in range(60):
+        linear.rates.launched(sure.slot)
+        linear.rates.hit(sure.slot)
+    assert linear.could_pay("sure", 10.0, reward_s=0.05)
+
+
+def test_falling_samples_do_not_make_rows_free() -> None:
+    """Samples are keyed by the rows at a request's start and the load moves during its
+    life: per-token seconds can come out falling with rows. The calibrated shape still
+    prices one more row."""
+    curve = StepCurve(saturation=64, prior={1: 0.001, 64: 0.005})
+    curve.observe(8, seconds=0.05, tokens=10)  # 5 ms a token at 8 rows
+    curve.observe(32, seconds=0.03, tokens=10)  # 3 ms at 32
+    assert curve.step_s(32) < curve.step_s(8)
+    assert curve.marginal_s(16) > 0.0

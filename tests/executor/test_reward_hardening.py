@@ -313,3 +313,33 @@ async def test_one_querys_reward_failure_leaves_the_other_query_alone(mode: str)
     assert mixed["a"].status == "ok" and not mixed["a"].errors
     assert fingerprint(mixed["a"]) == fingerprint(alone)
     assert mixed["b"].errors
+
+
+class ColdScorer(Scorer):
+    """Every call that starts before any call has finished is slow (a cold reward model
+    under a run's first wave); records each item it is sent."""
+
+    def __init__(self) -> None:
+        super().__init__("good")
+        self.sent: list[str] = []
+        self.finished = 0
+
+    async def __call__(self, items: Sequence[RewardItem]) -> list[Any]:
+        self.sent.extend(i.request_id for i in items)
+        if not self.finished:
+            await asyncio.sleep(0.3)
+        self.finished += 1
+        return await super().__call__(items)
+
+
+@pytest.mark.parametrize("mode", ["naive", "full"])
+async def test_a_slow_first_shared_call_is_cold_not_hung(mode: str) -> None:
+    """Before any call has finished there is no typical latency: a slow first shared batch
+    is not split, and no item is scored twice (a run's first wave was, at 50 ms)."""
+    want = {q: fingerprint(r) for q, r in (await _run("baseline", Scorer("good"))).items()}
+    good = [QUERIES[0], QUERIES[2]]
+    scorer = ColdScorer()
+    got = await _run(mode, scorer, queries=good)
+    assert all(r.status == "ok" for r in got.values())
+    assert {q: fingerprint(r) for q, r in got.items()} == {q: want[q] for q in got}
+    assert len(scorer.sent) == len(set(scorer.sent)), "an item was scored twice"

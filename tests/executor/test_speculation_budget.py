@@ -15,6 +15,7 @@ from spec_helpers import (
 )
 
 from spec_tot.adapters.scripted import ScriptedConfig
+from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.requests import Capabilities
 
 
@@ -72,10 +73,12 @@ class _SlotCountingBackend(LatencyBackend):
 
 @pytest.mark.parametrize("policy", ["beam", "mcts"])
 async def test_t2_bounds_speculative_generation_not_branches_waiting_for_rewards(
-    policy: str,
+    policy: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """T2's room is engine capacity: a speculative branch holds a slot while it generates,
-    and gives it back while it waits for its (slow) reward."""
+    and gives it back while it waits for its (slow) reward. (Every offer is worth
+    launching here: the scripted backend's microsecond step times are noise to value.)"""
+    monkeypatch.setattr(Dispatcher, "value", lambda self, offer, p=None: 1.0)
     backend = _SlotCountingBackend(ScriptedConfig(seed=0, depth=4), tick_fn(0, 4), tick_fn(1, 30))
     app = make_app(backend, policy, "full")
     batch = await app.arun_batch(inputs("q0", "q1"))
@@ -84,3 +87,38 @@ async def test_t2_bounds_speculative_generation_not_branches_waiting_for_rewards
     assert backend.speculative_total > 0
     # committed work may already fill the 3 slots; speculation never adds past the room
     assert backend.peak_speculative <= 3
+
+
+async def test_prediction_stops_where_offers_stop_paying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MCTS candidates are computed as they are pulled (each costs simulated selections):
+    the controller pulls no further than the first candidate the dispatcher would not
+    launch, and predicts nothing while no offer could pay at all."""
+    from spec_tot.policies.mcts import MCTS
+
+    pulls: list[int] = []  # candidates pulled per prediction
+    full: list[int] = []  # what the whole prediction would have given
+    lazy = MCTS.predictions
+
+    def counting(self: MCTS, tree: Any, budget: int) -> Any:
+        full.append(len(list(lazy(self, tree, budget))))
+        pulls.append(0)
+        for candidate in lazy(self, tree, budget):
+            pulls[-1] += 1
+            yield candidate
+
+    monkeypatch.setattr(MCTS, "predictions", counting)
+    # Only a prediction's first pick (utility 1) pays.
+    monkeypatch.setattr(
+        Dispatcher, "value", lambda self, offer, p=None: 1.0 if offer.confidence >= 1 else -1.0
+    )
+    backend = LatencyBackend(ScriptedConfig(seed=1, depth=4), tick_fn(0, 4), tick_fn(1, 8))
+    batch = await make_app(backend, "mcts", "full").arun_batch(inputs("q0", "q1"))
+    assert all(r.status == "ok" for r in batch.results)
+    assert pulls and max(pulls) <= 2 < max(full)
+    assert batch.metrics.speculative_nodes > 0
+    pulls.clear()
+    monkeypatch.setattr(Dispatcher, "value", lambda self, offer, p=None: -1.0)
+    backend = LatencyBackend(ScriptedConfig(seed=1, depth=4), tick_fn(0, 4), tick_fn(1, 8))
+    batch = await make_app(backend, "mcts", "full").arun_batch(inputs("q0", "q1"))
+    assert all(r.status == "ok" for r in batch.results)
+    assert pulls == []  # ``could_pay`` said no before any prediction
