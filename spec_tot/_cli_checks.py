@@ -52,9 +52,6 @@ __all__ = [
 
 MAX_ROUNDS = 1000  # a bench of more rounds is a typo, not a measurement
 
-# Set by the factory itself from its own arguments, never by a user's option.
-_NOT_OPTIONS = frozenset({"model", "http"})
-
 
 def backend_registry() -> BackendRegistry:
     """The backends the CLI knows by name (one place to swap in another registry)."""
@@ -134,13 +131,13 @@ def _resolve(annotation: Any, scope: dict[str, Any]) -> Any:
 def backend_schema(backend: str, registry: BackendRegistry | None = None) -> dict[str, Any] | None:
     """Option name -> type of a registered backend, read from its entry's ``options``; None
     for a backend that declares none (its values go to it as JSON, and it checks them)."""
-    sources = (registry or backend_registry()).entry(backend).options
-    if sources is None:
+    entry = (registry or backend_registry()).entry(backend)
+    if entry.options is None:
         return None
     schema: dict[str, Any] = {}
-    for source in sources:
+    for source in entry.options:
         schema.update(schema_of(load_target(source) if isinstance(source, str) else source))
-    return {k: v for k, v in schema.items() if k not in _NOT_OPTIONS}
+    return {k: v for k, v in schema.items() if k not in entry.internal}
 
 
 def policy_schema(search: str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult, Rew
 
 __all__ = [
     "BACKEND_ENTRY_POINTS",
+    "BUILT_IN_BACKENDS",
     "BackendEntry",
     "BackendRegistry",
     "GenerationBackend",
@@ -147,11 +148,14 @@ class BackendEntry:
       ``None`` for a backend that checks loose values itself (the CLI reads them as JSON).
     - ``aliases``: a field named in the backend's own errors -> the option the user gives
       for it (``create_local`` passes ``policy_path`` on as the engine's ``model``).
+    - ``internal``: fields of its option sources that the factory sets itself, so they are
+      not options (the HTTP backends' ``http`` config is built from its loose fields).
     """
 
     factory: Factory | str
     options: tuple[Any, ...] | None = None
     aliases: Mapping[str, str] = field(default_factory=dict)
+    internal: frozenset[str] = frozenset({"http"})
 
     def __post_init__(self) -> None:
         if not (callable(self.factory) or isinstance(self.factory, str)):
@@ -175,6 +179,7 @@ _BUILT_IN: dict[str, BackendEntry] = {
             "spec_tot.adapters.local.config:EngineConfig",
         ),
         aliases={"model": "policy_path"},
+        internal=frozenset({"model", "http"}),
     ),
     "sim": BackendEntry(
         "spec_tot.adapters.sim:create_sim",
@@ -198,6 +203,7 @@ _BUILT_IN: dict[str, BackendEntry] = {
     ),
     "langchain": BackendEntry("spec_tot.adapters.langchain:LangChainBackend"),
 }
+BUILT_IN_BACKENDS: tuple[str, ...] = tuple(sorted(_BUILT_IN))
 
 
 @dataclass
@@ -213,12 +219,16 @@ class BackendRegistry:
         *,
         options: Sequence[Any] | None = None,
         aliases: Mapping[str, str] | None = None,
+        internal: Sequence[str] = ("http",),
     ) -> None:
-        """Register (or replace) ``name``; ``options`` and ``aliases`` as in ``BackendEntry``."""
+        """Register (or replace) ``name``; ``options``, ``aliases`` and ``internal`` as in
+        ``BackendEntry``."""
         if not name or not isinstance(name, str):
             raise ConfigError("name", f"a backend name must be a non-empty string: {name!r}")
         schema = tuple(options) if options is not None else None
-        self._entries[name] = BackendEntry(factory, schema, dict(aliases or {}))
+        self._entries[name] = BackendEntry(
+            factory, schema, dict(aliases or {}), frozenset(internal)
+        )
 
     def entry(self, name: str) -> BackendEntry:
         """The entry of ``name``; ``UnknownNameError`` listing the known names otherwise."""

@@ -1,4 +1,4 @@
-"""``spec-tot`` command line: ``run`` (the main job), ``bench``, ``serve`` and ``graph``."""
+"""The ``spec-tot`` command line: ``run`` (the main job), ``bench``, ``serve`` and ``graph``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from spec_tot import cli_kit
+from spec_tot import _cli_help, cli_kit
 from spec_tot._cli_checks import (
     MAX_ROUNDS,
     Plan,
@@ -37,13 +37,21 @@ from spec_tot.backends import BackendRegistry
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.programs import load_program
+from spec_tot.progress import show_progress
 from spec_tot.rounds import schedule_rounds
 
 __all__ = ["app", "main", "run_cli"]
 
 TRACEBACK_ENV = "SPEC_TOT_TRACEBACK"  # set to 1 to see the traceback of an unexpected error
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help=__doc__)
+app = typer.Typer(add_completion=False, help=_cli_help.APP_HELP, epilog=_cli_help.names_epilog())
+
+
+@app.callback()
+def _top(version: _cli_help.VersionOpt = False) -> None:
+    """Fast Tree-of-Thought reasoning ('spec-tot COMMAND --help': a command's options)."""
+
+
 console = cli_kit.console
 # Wide enough for the results table when piped to a file or a CI log.
 out = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 150))
@@ -241,6 +249,8 @@ def run(
     backend_opt: cli_kit.BackendParamOpt = None,
     json_path: cli_kit.JsonOpt = None,
     show_tree: Annotated[bool, typer.Option(help="Show the search trees live.")] = False,
+    list_options: _cli_help.ListOptionsOpt = None,
+    list_params: _cli_help.ListParamsOpt = None,
 ) -> None:
     """Run a ToT program end to end and print solved rate, queries/s and tokens/s."""
     if compare and mode == "baseline":
@@ -273,7 +283,9 @@ def bench(
     program: cli_kit.ProgramOpt = None,
     backend: cli_kit.BackendOpt = None,
     search: cli_kit.SearchOpt = None,
-    modes: Annotated[str, typer.Option(help="Comma-separated executor modes.")] = "baseline",
+    modes: Annotated[
+        str, typer.Option(help=f"Comma-separated executor modes ({', '.join(MODES)}).")
+    ] = "baseline",
     concurrency: Annotated[str, typer.Option(help="Comma-separated concurrency levels.")] = "1,32",
     queries: Annotated[int, typer.Option(min=1, help="Queries per run.")] = 32,
     dataset: cli_kit.DatasetOpt = None,
@@ -298,6 +310,8 @@ def bench(
             "--modes); only with --rounds above 1."
         ),
     ] = None,
+    list_options: _cli_help.ListOptionsOpt = None,
+    list_params: _cli_help.ListParamsOpt = None,
 ) -> None:
     """Run every mode x concurrency in one process (same seeds, same backend kind)."""
     _plan_and_report(
@@ -381,5 +395,6 @@ def run_cli(argv: Sequence[str] | None = None, *, registry: BackendRegistry | No
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point (``spec-tot``, ``python -m spec_tot``): errors are one line, not a
-    traceback."""
+    traceback; long steps (model load, calibration, kernel compilation) print what they do."""
+    show_progress()
     sys.exit(run_cli(argv))

@@ -28,10 +28,11 @@ from spec_tot._cli_checks import (
     schema_of,
     typed_pairs,
 )
-from spec_tot.backends import BackendRegistry
+from spec_tot.backends import BUILT_IN_BACKENDS, BackendRegistry
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.plugins import declared, load_target
-from spec_tot.programs import load_program
+from spec_tot.policies import POLICY_NAMES
+from spec_tot.programs import BUILT_IN_PROGRAMS, load_program
 
 __all__ = [
     "COMMAND_ENTRY_POINTS",
@@ -59,13 +60,37 @@ COMMAND_ENTRY_POINTS = "spec_tot.commands"
 
 ProgramOpt = Annotated[
     str | None,
-    typer.Option(help="ToT program: game24 | toy (default: toy on scripted/sim, else game24)."),
+    typer.Option(
+        help=f"ToT program: {', '.join(BUILT_IN_PROGRAMS)} (default: toy on scripted/sim, "
+        "else game24)."
+    ),
 ]
-BackendParamOpt = Annotated[list[str] | None, typer.Option(help="Backend option KEY=VALUE.")]
-BackendOpt = Annotated[str | None, typer.Option(help="Backend name (default: the program's).")]
-SearchOpt = Annotated[str | None, typer.Option(help="Search policy (default: the program's).")]
+BackendParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Backend option KEY=VALUE, repeatable (e.g. urls=http://127.0.0.1:8000, "
+        "model=NAME); --list-options BACKEND lists them."
+    ),
+]
+BackendOpt = Annotated[
+    str | None,
+    typer.Option(
+        help=f"Backend: {', '.join(BUILT_IN_BACKENDS)} (default: the program's, "
+        "local for game24 and math)."
+    ),
+]
+SearchOpt = Annotated[
+    str | None,
+    typer.Option(help=f"Search policy: {', '.join(POLICY_NAMES)} (default: the program's)."),
+]
 SeedOpt = Annotated[int, typer.Option(help="Base seed.")]
-ParamOpt = Annotated[list[str] | None, typer.Option(help="Search parameter KEY=VALUE.")]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Search parameter KEY=VALUE, repeatable (e.g. width=8); --list-params SEARCH "
+        "lists them."
+    ),
+]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]
 DatasetOpt = Annotated[
     str | None,

@@ -16,7 +16,7 @@ from typing import Any
 from spec_tot.errors import ConfigError, UnknownNameError
 from spec_tot.plugins import declared, load_target
 
-__all__ = ["PROGRAM_ENTRY_POINTS", "Program", "load_program", "program_names"]
+__all__ = ["BUILT_IN_PROGRAMS", "PROGRAM_ENTRY_POINTS", "Program", "load_program", "program_names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +52,7 @@ _BUILT_IN: dict[str, str] = {
     "game24": "spec_tot.graphs.game24:PROGRAM",
     "math": "spec_tot.graphs.math:PROGRAM",
 }
+BUILT_IN_PROGRAMS: tuple[str, ...] = tuple(_BUILT_IN)
 
 
 def _targets() -> dict[str, str]:

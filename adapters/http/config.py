@@ -35,6 +35,10 @@ class HttpConfig:
     speed_weight: float = 0.2  # weight of each new speed sample (exponential smoothing)
     health_path: str | None = "/health"
     probe_timeout_s: float = 5.0
+    # The server's Prometheus page: its running and waiting requests (every client's) make
+    # the work ahead of a request (vLLM's and SGLang's names); None: do not read it.
+    metrics_path: str | None = "/metrics"
+    queue_poll_s: float = 2.0  # how often it is read while requests wait there; 0: never
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -59,8 +63,13 @@ class HttpConfig:
             raise ConfigError("deadline_cap_s", "must be >= deadline_floor_s")
         if self.speed_weight > 1:
             raise ConfigError("speed_weight", f"must be in (0, 1], got {self.speed_weight}")
-        if self.health_path is not None and not str(self.health_path).startswith("/"):
-            raise ConfigError("health_path", f"must start with '/', got {self.health_path!r}")
+        for name in ("health_path", "metrics_path"):
+            path = getattr(self, name)
+            if path is not None and not str(path).startswith("/"):
+                raise ConfigError(name, f"must start with '/', got {path!r}")
+        poll = self.queue_poll_s
+        if isinstance(poll, bool) or not isinstance(poll, int | float) or not poll >= 0:
+            raise ConfigError("queue_poll_s", f"must be a number >= 0, got {poll!r}")
         if self.api_key is not None and (
             not isinstance(self.api_key, str)
             or not self.api_key.strip()

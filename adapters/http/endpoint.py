@@ -22,21 +22,49 @@ class Endpoint:
     attempts: int = 0  # every send attempt, for tests and stats
     timeouts: int = 0  # requests that missed their deadline here
     s_per_token: float | None = None  # learned: seconds per output token, smoothed
+    # learned: output tokens a second of all requests in flight here together, smoothed
+    tokens_per_s: float | None = None
+    # running + waiting requests the server last published (every client's); None: unknown
+    reported_queue: float | None = None
+    busy_misses: int = 0  # deadlines missed while the worker's health check answered
     # The deadline of each request in flight here -> its due time (loop clock), so that a
     # worker found stopped releases them all at once instead of each waiting its own out.
     pending: dict[asyncio.Timeout, float] = field(default_factory=dict)
+    # The output-token budget of each request in flight here: the work ahead of a new one.
+    budgets: dict[asyncio.Timeout, int] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.breaker.state}, inflight={self.inflight})"
 
-    def observe(self, tokens: float, seconds: float, weight: float) -> None:
+    def observe(self, tokens: float, seconds: float, weight: float, concurrent: int = 1) -> None:
         """Learn from one finished request (queueing and prefill included, so a loaded
-        worker is seen as slower: its deadlines grow with its load)."""
+        worker is seen as slower: its deadlines grow with its load). ``concurrent``: the
+        requests in flight here with it, which shared the worker's throughput."""
         sample = seconds / max(tokens, 1.0)
         if self.s_per_token is None:
             self.s_per_token = sample
         else:
             self.s_per_token += weight * (sample - self.s_per_token)
+        rate = max(concurrent, 1) / max(sample, 1e-6)
+        if self.tokens_per_s is None:
+            self.tokens_per_s = rate
+        else:
+            self.tokens_per_s += weight * (rate - self.tokens_per_s)
+
+    def seconds_for(self, budget: int, assumed_s_per_token: float) -> float:
+        """Seconds until a new request of ``budget`` output tokens is done here: alone at the
+        learned speed, or, when longer, behind the work ahead at the learned throughput."""
+        per_token = self.s_per_token or assumed_s_per_token
+        rate = self.tokens_per_s or 1.0 / assumed_s_per_token
+        return max(budget * per_token, (self.tokens_ahead(budget) + budget) / rate)
+
+    def tokens_ahead(self, budget: int) -> float:
+        """Output tokens the worker has to produce before a new request of ``budget`` is
+        done: our own requests in flight here, or the server's published queue (every
+        client's) at their mean budget when it is longer."""
+        own = float(sum(self.budgets.values()))
+        mean = own / len(self.budgets) if self.budgets else float(budget)
+        return max(own, (self.reported_queue or 0.0) * mean)
 
     def release(self, now: float) -> int:
         """Expire every deadline armed here now; the requests give up on this worker.

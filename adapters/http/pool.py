@@ -45,6 +45,7 @@ from .config import HttpConfig
 from .endpoint import Endpoint
 from .probing import HealthProber
 from .protocol import WireProtocol
+from .queues import QueueReports
 from .routing import StickyRoutes
 
 __all__ = ["RETRYABLE_STATUS", "EndpointPool"]
@@ -121,6 +122,10 @@ class EndpointPool:
             sleep=self.sleep,
             clock=self.clock,
         )
+        self.queues = QueueReports(
+            self.endpoints, self.client, self.config.metrics_path, self.config.queue_poll_s,
+            timeout_s=self.config.probe_timeout_s, headers=self._headers,
+        )  # fmt: skip
 
     @property
     def http(self) -> httpx.AsyncClient:
@@ -132,37 +137,30 @@ class EndpointPool:
         return self.routes.home_of(key)
 
     async def aclose(self) -> None:
+        await self.queues.aclose()
         await self.prober.aclose()
         if self._owns_client and self.client is not None:
             await self.client.aclose()
 
     # -- deadlines and health ------------------------------------------------------------------
     def deadline_s(self, endpoint: Endpoint, budget: int | None) -> float:
-        """Seconds a request with ``budget`` output tokens may take on ``endpoint``."""
+        """Seconds a request with ``budget`` output tokens may take on ``endpoint``: its
+        budget at the worker's learned speed, or, when longer, the work ahead of it (the
+        requests in flight there, ``Endpoint.tokens_ahead``) and its own at the worker's
+        learned throughput; times the slack, plus the floor, under the cap. A queue is not
+        a failure: 64 requests in flight on one worker each get the time the queue takes."""
         c = self.config
         if not budget:
             return c.deadline_floor_s
-        per_token = endpoint.s_per_token or c.assumed_s_per_token
-        return min(c.deadline_cap_s, c.deadline_floor_s + c.deadline_slack * budget * per_token)
+        seconds = endpoint.seconds_for(budget, c.assumed_s_per_token)
+        return min(c.deadline_cap_s, c.deadline_floor_s + c.deadline_slack * seconds)
 
     def observe(self, url: str, tokens: float, seconds: float) -> None:
         """Teach the pool a worker's speed from a finished generation (replies whose body
         the pool did not see, e.g. streamed ones, can be reported here by the caller)."""
         endpoint = self.endpoints.get(url.rstrip("/"))
         if endpoint is not None and tokens > 0 and seconds >= 0:
-            endpoint.observe(tokens, seconds, self.config.speed_weight)
-
-    def _failed(self, endpoint: Endpoint, *, missed: bool = False) -> None:
-        """Count a failure against the worker. A breaker opened by a missed deadline means a
-        worker that holds requests without answering: every request waiting on it is
-        released now (they move to other workers) instead of each waiting out its own."""
-        if missed:
-            endpoint.timeouts += 1
-        opened = endpoint.breaker.failure()
-        if opened and missed:
-            endpoint.release(asyncio.get_running_loop().time())
-        if endpoint.breaker.opened_at is not None:
-            self.prober.watch()
+            endpoint.observe(tokens, seconds, self.config.speed_weight, endpoint.inflight)
 
     # -- sending -------------------------------------------------------------------------------
     @asynccontextmanager
@@ -217,6 +215,8 @@ class EndpointPool:
             limit = self.deadline_s(endpoint, budget)
             timer = asyncio.timeout_at(started + limit)
             endpoint.pending[timer] = started + limit
+            endpoint.budgets[timer] = budget or 0
+            self.queues.watch()
             opened = False
             try:
                 async with timer:
@@ -230,14 +230,14 @@ class EndpointPool:
                 if done:
                     self.observe(endpoint.url, done, loop.time() - started)
             except _Retryable as exc:
-                self._failed(endpoint)
+                self.prober.failed(endpoint)
                 raise _TryAgain(exc.reason, missed=False) from None
             except (TimeoutError, _Missed) as exc:
                 if isinstance(exc, TimeoutError) and not timer.expired():
                     raise  # not our deadline: the caller's own TimeoutError
                 endpoint.pending.pop(timer, None)
                 released, reason = _miss(exc, timer, started + limit, limit)
-                self._failed(endpoint, missed=not released)
+                self.prober.failed(endpoint, missed=not released)
                 if opened:  # the caller had the response: it cannot be sent again here
                     raise BackendTimeoutError(where, reason) from None
                 raise _TryAgain(reason, missed=True) from None
@@ -247,6 +247,7 @@ class EndpointPool:
                 raise
             finally:
                 endpoint.pending.pop(timer, None)
+                endpoint.budgets.pop(timer, None)
                 endpoint.inflight -= 1
 
     def _attempt(
@@ -297,7 +298,7 @@ class EndpointPool:
             text = (await response.aread()).decode(errors="replace")[:500]
             await response.aclose()
             if response.status_code >= 500:
-                self._failed(endpoint)
+                self.prober.failed(endpoint)
             else:
                 endpoint.breaker.success()  # a 4xx is our fault, the worker is alive
             raise BackendError(where, f"HTTP {response.status_code}: {text}")

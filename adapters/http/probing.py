@@ -1,5 +1,6 @@
-"""Timed health probes of open breakers, so a worker that comes back is taken back without
-waiting for traffic to try it."""
+"""A worker's health: failures counted against its breaker (a missed deadline only once a
+health check confirms it), and timed probes of open breakers, so a worker that comes back is
+taken back without waiting for traffic to try it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class HealthProber:
     sleep: Callable[[float], Awaitable[None]]
     clock: Clock
     _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _checks: dict[str, asyncio.Future[bool]] = field(default_factory=dict, init=False)
+    _judges: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def watch(self) -> None:
         """Start the timed probe of open breakers, unless it runs or is turned off."""
@@ -37,6 +40,9 @@ class HealthProber:
         self._task = asyncio.get_running_loop().create_task(self._probe_open())
 
     async def aclose(self) -> None:
+        for judge in list(self._judges):
+            judge.cancel()
+        await asyncio.gather(*self._judges, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -56,16 +62,59 @@ class HealthProber:
             ready = [e for e in opened if e.breaker.acquire()]
             await asyncio.gather(*(self._probe(e) for e in ready))
 
-    async def _probe(self, endpoint: Endpoint) -> None:
+    def failed(self, endpoint: Endpoint, *, missed: bool = False) -> None:
+        """Count a failure against the worker. A missed deadline alone is not one while the
+        worker's health check answers (a busy server is not a dead one): it is judged by
+        that check first. A breaker opened by missed deadlines means a worker that holds
+        requests without answering: every request waiting on it is released now (they move
+        to other workers) instead of each waiting out its own."""
+        if missed:
+            endpoint.timeouts += 1
+            if self.health_path is not None:
+                judge = asyncio.get_running_loop().create_task(self._judge_miss(endpoint))
+                self._judges.add(judge)
+                judge.add_done_callback(self._judges.discard)
+                return
+        self._count_failure(endpoint, missed)
+
+    async def _judge_miss(self, endpoint: Endpoint) -> None:
+        if await self.answers(endpoint):
+            endpoint.busy_misses += 1
+            return
+        self._count_failure(endpoint, missed=True)
+
+    def _count_failure(self, endpoint: Endpoint, missed: bool) -> None:
+        opened = endpoint.breaker.failure()
+        if opened and missed:
+            endpoint.release(asyncio.get_running_loop().time())
+        if endpoint.breaker.opened_at is not None:
+            self.watch()
+
+    async def answers(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint``'s health path answers (below 500) within the probe timeout;
+        concurrent callers share one check. Without a health path: False."""
+        if self.health_path is None:
+            return False
+        check = self._checks.get(endpoint.url)
+        if check is None:
+            check = asyncio.ensure_future(self._answers(endpoint))
+            self._checks[endpoint.url] = check
+            check.add_done_callback(lambda _: self._checks.pop(endpoint.url, None))
+        return await asyncio.shield(check)
+
+    async def _answers(self, endpoint: Endpoint) -> bool:
         assert self.health_path is not None
         try:
             response = await self.client.get(
                 endpoint.url + self.health_path, headers=self.headers, timeout=self.timeout_s
             )
         except httpx.HTTPError:
-            endpoint.breaker.failure()
-            return
-        if response.status_code >= 500:
-            endpoint.breaker.failure()
-        else:  # any answer below 500, a 404 included, is a live server
+            return False
+        return response.status_code < 500
+
+    async def _probe(self, endpoint: Endpoint) -> None:
+        # any answer below 500, a 404 included, is a live server
+        if await self._answers(endpoint):
             endpoint.breaker.success()
+        else:
+            endpoint.breaker.failure()

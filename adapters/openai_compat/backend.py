@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ import httpx
 
 from spec_tot.adapters.http import EndpointPool, query_key, split_http_options, sse_events
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
-from spec_tot.errors import BackendError
+from spec_tot.errors import BackendError, ConfigError
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -75,6 +75,41 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
         self.pool = pool or EndpointPool(list(config.urls), config.http, protocol=OPENAI_WIRE)
         self.scorer = OpenAIScorer(self.pool, config)
         self._runs: dict[str, _Run] = {}
+        self._tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer from the ``tokenizer`` folder (loaded on first use),
+        None when none was given."""
+        if self.config.tokenizer is None:
+            return None
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(
+                    self.config.tokenizer, local_files_only=True
+                )
+            except (OSError, ValueError) as exc:
+                raise ConfigError(
+                    "tokenizer", f"no tokenizer in {self.config.tokenizer!r}: {exc}"
+                ) from exc
+        return self._tokenizer
+
+    @property
+    def render_chat(self) -> Callable[[Sequence[Mapping[str, str]]], str] | None:
+        """Chat messages as one prompt in the served model's chat template (from the
+        ``tokenizer`` folder); None without one (programs then use a plain layout)."""
+        tokenizer = self.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            return None
+
+        def render(messages: Sequence[Mapping[str, str]]) -> str:
+            plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+            return str(text)
+
+        return render
 
     @property
     def capabilities(self) -> Capabilities:
@@ -156,7 +191,7 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
         }
         if s.stop:
             body["stop"] = list(s.stop)
-        if s.seed is not None:
+        if s.seed is not None and self.config.forward_seed:
             body["seed"] = s.seed
         if s.top_k != -1:
             body["top_k"] = s.top_k  # vLLM / SGLang extension
@@ -208,6 +243,8 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
 
 
 def create_openai(urls: Sequence[str] | None = None, **options: Any) -> OpenAICompatBackend:
+    """The backend for the servers at ``urls`` (``OpenAIConfig``'s and ``HttpConfig``'s
+    fields as keywords)."""
     http = split_http_options(options)
     chosen = tuple(urls) if urls else DEFAULT_URLS
     return OpenAICompatBackend(OpenAIConfig(urls=chosen, http=http, **options))

@@ -21,8 +21,17 @@ QWEN_PRM_TEMPLATE = (
 
 @dataclass(frozen=True, slots=True)
 class OpenAIConfig:
+    """``model``: the served model's name as the server knows it (vLLM: ``--served-model-name``
+    or the path it was started with; ``GET /v1/models`` lists them). ``forward_seed``: send
+    each request's seed (off for a server that cannot take seeded requests, such as vLLM CPU
+    0.32.0, whose engine dies on one; sampling is then the server's own, not reproducible).
+    ``tokenizer``: a local folder holding the served model's tokenizer, whose chat template
+    renders chat prompts (the math program's) and whose ids the self-judge reads."""
+
     urls: tuple[str, ...] = DEFAULT_URLS
     model: str = "default"
+    forward_seed: bool = True
+    tokenizer: str | None = None
     reward_model: str | None = None  # defaults to ``model``
     stream: bool = True
     reward: str = "pooling"

@@ -49,7 +49,7 @@ from typing import Any
 
 from spec_tot.adapters.http import EndpointPool, query_key, split_http_options
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
-from spec_tot.errors import BackendError, ConfigError
+from spec_tot.errors import BackendError, BackendTimeoutError, ConfigError
 from spec_tot.requests import (
     Capabilities,
     FinishReason,
@@ -70,8 +70,7 @@ __all__ = ["SGLangBackend", "create_sglang"]
 
 class SGLangBackend(GenerationBackend, RewardBackend):
     """SGLang's native API over an ``EndpointPool`` (the module docstring: what it relies
-    on). A ``pool`` given is used as is: build it with ``protocol=SGLANG_WIRE`` for its
-    deadlines to follow each request's token budget."""
+    on). A ``pool`` given is used as is (``protocol=SGLANG_WIRE``: budgeted deadlines)."""
 
     def __init__(self, config: SGLangConfig, pool: EndpointPool | None = None) -> None:
         self.config = config
@@ -271,12 +270,11 @@ class SGLangBackend(GenerationBackend, RewardBackend):
                 )
             except asyncio.CancelledError:
                 if group.endpoint is not None and not group.aborted:
-                    job = asyncio.create_task(self._abort_on_server(group, group.sample_rids()))
-                    self._side.add(job)
-                    job.add_done_callback(self._side.discard)
-                    await asyncio.shield(job)
+                    await asyncio.shield(self._abort_in_background(group))
                 raise
             except BackendError as exc:
+                if isinstance(exc, BackendTimeoutError) and group.endpoint is not None:
+                    self._abort_in_background(group)  # given up: the server must stop too
                 for m in group.live():
                     m.future.set_exception(exc)
                 return
@@ -307,6 +305,12 @@ class SGLangBackend(GenerationBackend, RewardBackend):
                 )
         finally:
             self._forget(group)
+
+    def _abort_in_background(self, group: WireGroup) -> asyncio.Task[None]:
+        job = asyncio.create_task(self._abort_on_server(group, group.sample_rids()))
+        self._side.add(job)
+        job.add_done_callback(self._side.discard)
+        return job
 
     async def _abort_on_server(self, group: WireGroup, rids: Sequence[str]) -> None:
         """Abort each exact server rid on the worker that holds the wire request."""

@@ -136,3 +136,33 @@ async def test_vllm_speculation_counters_from_metrics(server: FakeOpenAI) -> Non
     server.metrics = "vllm:num_requests_running 0.0\n"
     assert await b.server_speculation() == {}
     await b.aclose()
+
+
+async def test_forward_seed_off_sends_no_seed(server: FakeOpenAI) -> None:
+    """vLLM CPU 0.32.0's engine dies on a seeded request whose sampled token a chunked
+    prefill discards: ``forward_seed=False`` leaves seeds out (issue 46)."""
+    b = backend([server.url], forward_seed=False)
+    await b.generate(req("q/a"))
+    assert "seed" not in server.bodies[-1] and server.bodies[-1]["model"] == "m"
+    await b.aclose()
+
+
+def test_the_cli_names_the_served_model_and_leaves_seeds_out(server: FakeOpenAI) -> None:
+    """``--backend-opt model=NAME`` was refused as "not a known option", so every request
+    went out as model ``default`` (vLLM: 404)."""
+    from spec_tot._cli_checks import parse_backend_options
+
+    options = parse_backend_options(["model=smollm2", "forward_seed=false"], "openai")
+    assert options == {"model": "smollm2", "forward_seed": False}
+
+
+async def test_the_tokenizer_folder_renders_the_chat_template(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from spec_tot.graphs.math import chat_for, plain_chat
+
+    folder = Path(str(tmp_path))
+    no_folder = create_openai(urls=["http://127.0.0.1:9"], model="m")
+    assert no_folder.tokenizer is None and chat_for(no_folder) is plain_chat
+    with pytest.raises(Exception, match="tokenizer"):
+        _ = create_openai(urls=["http://127.0.0.1:9"], tokenizer=str(folder)).tokenizer

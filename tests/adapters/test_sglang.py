@@ -347,3 +347,18 @@ async def test_speculative_decoding_figures_pass_through(server: FakeSGLang, str
     await b.generate(req("q/b"))
     assert b.stats()["num_verify_rows"] == 5 and b.stats()["num_draft_tokens"] == 12
     await b.aclose()
+
+
+async def test_a_request_given_up_at_its_deadline_is_aborted_on_the_server(
+    server: FakeSGLang,
+) -> None:
+    """A request the client stops waiting for must not run on in the server (issue 46)."""
+    server.hang = True
+    b = backend([server.url], deadline_floor_s=0.2, deadline_slack=1.0,
+                assumed_s_per_token=0.001, max_retries=0)  # fmt: skip
+    with pytest.raises(BackendError, match="deadline"):
+        await b.generate(req("q/late"))
+    await until(lambda: server.live == {} and bool(server.abort_calls))
+    assert any(r.startswith("q/late#") for r in server.abort_calls)
+    assert b.pool.endpoints[server.url.rstrip("/")].breaker.state == "closed"  # /health answers
+    await b.aclose()

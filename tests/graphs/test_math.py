@@ -249,6 +249,35 @@ def test_the_self_judge_reads_yes_and_no_where_the_tokenizer_has_them() -> None:
     assert backend.requests[0].sampling.logprob_token_ids == (7, 9)
 
 
+def test_compile_math_needs_no_started_backend() -> None:
+    """The embedded engine knows its tokenizer only once started: compiling the math
+    program read it at once and failed ("not started") before any run (issue 48)."""
+
+    class Tokenizer:
+        def encode(self, word: str, add_special_tokens: bool = True) -> list[int]:
+            return {"Yes": [7], "No": [9]}.get(word, [1, 2])
+
+    class StartsLate(ChatScript):
+        started = False
+
+        async def start(self) -> None:
+            self.started = True
+
+        @property
+        def tokenizer(self) -> Tokenizer:
+            if not self.started:
+                raise RuntimeError("local: not started: `await backend.start()` first")
+            return Tokenizer()
+
+    backend = StartsLate()
+    app = compile_math(backend=backend, search="best_of_n", chat=plain_chat,
+                       search_params={"n": 2, "max_depth": 6})  # fmt: skip
+    result = app.run_batch(_inputs()).results[0]
+    assert result.status == "ok" and result.solved
+    judged = [r for r in backend.requests if r.request_id.endswith("/judge")]
+    assert judged and all(r.sampling.logprob_token_ids == (7, 9) for r in judged)
+
+
 def test_the_cli_runs_the_math_program_on_a_dataset_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -85,8 +85,11 @@ def _watch_parent(fd: int) -> None:
 
 def serve_core(conn: Connection) -> None:
     """Run one core on ``conn`` until it is stopped or its backend goes away."""
+    from spec_tot.progress import show_progress_from_env
+
     from .engine_core import EngineCore
 
+    show_progress_from_env()  # the CLI's progress lines: model load, calibration
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # A core's CPUs are its model's threads: a batch tokenization (the engine's prompts, the

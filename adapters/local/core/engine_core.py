@@ -27,6 +27,7 @@ from typing import Any, assert_never
 
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.plugins import load_target
+from spec_tot.progress import timed_step
 
 from ..engine.calibrate import CalibrationCache, calibrate_engine, calibrate_prm
 from ..stage_clock import StageClock
@@ -87,7 +88,7 @@ class EngineCore:
             torch.set_num_threads(start.threads)
         self.threads = torch.get_num_threads()
         self._emit = emit
-        self.engine = LLMEngine(start.engine) if start.engine is not None else None
+        self.engine = _load_engine(LLMEngine, start.engine)
         self.prm = None
         self.reward_info: RewardInfo | None = None
         if start.prm is not None:
@@ -363,3 +364,11 @@ def _encode_ahead(engine: Any, commands: list[Any]) -> None:
     texts = [c.request.prompt for c in commands if isinstance(c, Add) and c.request.prompt]
     if engine is not None and len(texts) > 1:
         engine.validator.encode_ahead(texts)
+
+
+def _load_engine(engine_class: Any, config: Any) -> Any:
+    """The policy engine of ``config`` (None without one), its load shown as progress."""
+    if config is None:
+        return None
+    with timed_step(f"loading the model {config.model or '(random weights)'}"):
+        return engine_class(config)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from spec_tot.progress import timed_step
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
 from ..config import cache_root
@@ -292,8 +293,9 @@ def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[in
     if hit is not None and isinstance(hit.get("curve"), dict):
         curve = {int(b): float(t) for b, t in hit["curve"].items()}
     if not curve or disturbed(curve):
-        with engine.plain_decoding():  # the curve is of plain decode steps
-            curve = step_cost_curve(engine)
+        where = f"once per model and machine; cached in {cache.root}"
+        with timed_step("calibrating the engine's step times", where), engine.plain_decoding():
+            curve = step_cost_curve(engine)  # of plain decode steps
         if not disturbed(curve):
             cache.put(key, {"curve": {str(b): t for b, t in curve.items()}})
     engine.use_step_costs(curve)  # the token-speculation gate's prior
@@ -309,6 +311,7 @@ def calibrate_prm(
     hit = cache.get(key)
     if hit is not None and {"tokens", "seconds"} <= hit.keys():
         return int(hit["tokens"]), float(hit["seconds"])
-    tokens, seconds, curve = reward_knee(prm, step_tokens=step_tokens)
+    with timed_step("calibrating the reward model's batch cost", f"cached in {cache.root}"):
+        tokens, seconds, curve = reward_knee(prm, step_tokens=step_tokens)
     cache.put(key, {"tokens": tokens, "seconds": seconds, "curve": curve})
     return tokens, seconds

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from spec_tot.progress import note, timed_step
+
 from ..config import cache_root
 
 __all__ = ["PagedDecodeKernel", "load_paged_kernel"]
@@ -176,10 +178,12 @@ def load_paged_kernel(root: str | Path | None = None) -> tuple[PagedDecodeKernel
     target = folder / f"paged_decode-{key}.so"
     if not target.is_file():
         try:
-            error = _build(source, target, compiler)
+            with timed_step("compiling the C decode kernel", f"once per machine, into {folder}"):
+                error = _build(source, target, compiler)
         except OSError as exc:
             error = f"cannot write {folder}: {exc}"
         if error is not None:
+            note(f"no C decode kernel ({error}): decode attention runs in PyTorch, slower")
             return None, error
     try:
         library = ctypes.CDLL(str(target))

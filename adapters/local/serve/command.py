@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -153,26 +153,41 @@ def serve(
         allow_origin=allow_origin,
     )
     config = server_config(server, host=host, port=port)
-    _announce(host, port, key, source, server.state.connections.cap)
-    GuardedServer(config).run()
+    listening = _announce(host, port, key, source, server.state.connections.cap)
+
+    class Announcing(GuardedServer):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)  # the engine is up and the socket accepts
+            if not self.should_exit:
+                listening()
+
+    Announcing(config).run()
 
 
-def _announce(host: str, port: int, key: str | None, source: str, cap: int) -> None:
-    """What is served where, on stderr; a warning first when anyone can use it."""
+def _announce(host: str, port: int, key: str | None, source: str, cap: int) -> Callable[[], None]:
+    """Say now what is starting (a warning first when anyone can use it); the call it
+    returns says where it listens, once it accepts connections."""
     if key is None and not is_loopback(host):
-        cli_kit.console.print(
+        _say(
             f"warning: serving on {host} with no API key (--insecure-no-auth): anyone who "
-            "reaches the port can generate and abort requests",
-            soft_wrap=True,
-            markup=False,
+            "reaches the port can generate and abort requests"
         )
-    auth = f"Bearer key from {source}" if key is not None else "no auth"
-    cli_kit.console.print(
-        f"spec-tot serve: http://{host}:{port} (SGLang native API subset; {auth}; "
-        f"at most {cap} connections)",
-        soft_wrap=True,
-        markup=False,
+    _say(
+        f"spec-tot serve: starting the engine for http://{host}:{port} (model load; on a "
+        "model's first start on this machine, a step-time calibration of a minute or more); "
+        "the URL is printed again once it accepts connections"
     )
+    auth = f"Bearer key from {source}" if key is not None else "no auth"
+    line = (
+        f"spec-tot serve: listening on http://{host}:{port} (SGLang native API and OpenAI's "
+        f"/v1; {auth}; at most {cap} connections)"
+    )
+    return lambda: _say(line)
+
+
+def _say(line: str) -> None:
+    """One line on stderr (stdout is left to the results of other commands)."""
+    cli_kit.console.print(line, soft_wrap=True, markup=False, highlight=False)
 
 
 def parse_serve_limits(pairs: Sequence[str] | None) -> ServeLimits:

@@ -36,16 +36,16 @@ from .streams import BoundedStream
 
 __all__ = ["openai_routes"]
 
+# min_tokens and ignore_eos as vLLM and SGLang take them (serving benchmarks send them).
 _COMMON = {"model", "n", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed",
-           "stream", "stream_options", "stop_token_ids", "user"}  # fmt: skip
+           "stream", "stream_options", "stop_token_ids", "user", "min_tokens",
+           "ignore_eos"}  # fmt: skip
 _INERT = {
     "frequency_penalty": Inert(0.0, 0),
     "presence_penalty": Inert(0.0, 0),
     "repetition_penalty": Inert(1.0, 1),
     "min_p": Inert(0.0, 0),
     "logit_bias": Inert({}),
-    "min_tokens": Inert(0),
-    "ignore_eos": Inert(False),
     "skip_special_tokens": Inert(True),
     "regex": Inert(),
     "json_schema": Inert(),
@@ -246,6 +246,7 @@ def _sampling(body: dict[str, Any], limits: Limits, default_max: int | None) -> 
     stop_ids = body.get("stop_token_ids")
     return sampling_params(
         "",
+        {},  # OpenAI's names are SamplingParams' own
         temperature=opt_float(body, "temperature", "temperature", 1.0),
         top_p=opt_float(body, "top_p", "top_p", 1.0),
         top_k=opt_int(body, "top_k", "top_k", -1),
@@ -254,6 +255,8 @@ def _sampling(body: dict[str, Any], limits: Limits, default_max: int | None) -> 
         stop_token_ids=() if stop_ids is None else token_ids(
             stop_ids, "stop_token_ids", limits.vocab_size, allow_empty=True),
         seed=opt_int(body, "seed", "seed", None, lo=-(2**63), hi=2**63 - 1),
+        min_tokens=opt_int(body, "min_tokens", "min_tokens", 0, lo=0),
+        ignore_eos=opt_bool(body, "ignore_eos", "ignore_eos", False),
     )  # fmt: skip
 
 

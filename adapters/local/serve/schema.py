@@ -10,7 +10,7 @@ does not implement is accepted only at its no-op default; anything else is a 400
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -221,12 +221,15 @@ def sample_sampling(sampling: SamplingParams, index: int) -> SamplingParams:
     return replace(sampling, seed=sample_seed(sampling.seed, index))
 
 
-def sampling_params(field: str, **values: Any) -> SamplingParams:
-    """``SamplingParams(**values)``; its own errors renamed to the client's field names."""
+def sampling_params(
+    field: str, names: Mapping[str, str] | None = None, **values: Any
+) -> SamplingParams:
+    """``SamplingParams(**values)``; its own errors renamed to the client's field names
+    (``names``: SamplingParams field -> the API's name; default SGLang's)."""
     try:
         return SamplingParams(**values)
     except ConfigError as exc:
-        name = _SGLANG_NAME.get(exc.field, exc.field)
+        name = (_SGLANG_NAME if names is None else names).get(exc.field, exc.field)
         raise ConfigError(field + name, str(exc).split(": ", 1)[-1]) from None
 
 

@@ -307,6 +307,26 @@ async def test_logprobs_prefill_only_and_min_tokens(server: tuple[LocalBackend, 
         assert prefill["meta_info"]["completion_tokens"] == 0
 
 
+async def test_openai_completions_take_ignore_eos_and_min_tokens(
+    server: tuple[LocalBackend, str],
+) -> None:
+    """vLLM's and SGLang's /v1/completions take both (serving benchmarks send them); ours
+    refused them as not implemented (issue 48). With the prompt's own EOS id as a stop token,
+    min_tokens holds it off, and ignore_eos runs to max_tokens."""
+    _backend, url = server
+    base = {"model": "tiny", "prompt": "1 2\n", "max_tokens": 5, "temperature": 0}
+    async with httpx.AsyncClient(timeout=60) as c:
+        body = {**base, "ignore_eos": True, "min_tokens": 5}
+        both = (await c.post(f"{url}/v1/completions", json=body)).json()
+        assert both["usage"]["completion_tokens"] == 5
+        assert both["choices"][0]["finish_reason"] == "length"
+        bad = await c.post(f"{url}/v1/completions", json={**base, "min_tokens": 9})
+        assert bad.status_code == 400 and "min_tokens" in bad.text
+        assert "max_new_tokens" not in bad.text  # OpenAI's names, not SGLang's
+        bad = await c.post(f"{url}/v1/completions", json={**base, "ignore_eos": "yes"})
+        assert bad.status_code == 400 and "ignore_eos" in bad.text
+
+
 CLASSIFY_META = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions"}
 
 
