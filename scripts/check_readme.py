@@ -91,7 +91,7 @@ class Runner:
 
     def bash(self, command: str, where: str) -> None:
         if self.skip_tests and TEST_COMMAND in command:
-            command = command.replace(TEST_COMMAND, "python -m pytest -q --collect-only")
+            command = command.replace(TEST_COMMAND, "python -m pytest -qq --collect-only")
         if SERVER_MARK in command:
             self.server(command, where)
             return
@@ -111,7 +111,7 @@ class Runner:
         log = self.clone / f".readme-server-{len(self.servers)}.log"
         out = log.open("w")
         proc = subprocess.Popen(
-            ["bash", "-c", self._prelude() + "exec " + command.split(SERVER_MARK)[0]],
+            ["bash", "-c", self._prelude() + command.split(SERVER_MARK)[0]],
             cwd=self.clone,
             env=self.env,
             stdout=out,
@@ -134,12 +134,12 @@ class Runner:
 
     def python(self, block: Block, where: str) -> None:
         first = block.text.splitlines()[0] if block.text else ""
-        source = re.match(r"#\s*from\s+(\S+)", first)
+        source = re.match(r"#\s*from\s+([^\s:]+)", first)
         if source is not None:
             path = self.clone / source.group(1)
             body = path.read_text()
-            missing = [x.strip() for x in block.text.splitlines()[1:]
-                       if x.strip() and x.strip() not in body]  # fmt: skip
+            lines = [_code(x) for x in block.text.splitlines()[1:]]
+            missing = [x for x in lines if x and x != "..." and x not in body]
             if missing:
                 raise SystemExit(f"README {where}: not in {source.group(1)}: {missing}")
             self.bash(f"python {source.group(1)}", where)
@@ -161,6 +161,11 @@ class Runner:
                 os.killpg(proc.pid, 9)
         if failed:
             raise SystemExit("README servers: " + "; ".join(failed))
+
+
+def _code(line: str) -> str:
+    """An excerpt's line without its trailing comment (the README may explain it)."""
+    return re.sub(r"\s+#\s.*$", "", line).strip()
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -203,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
         if not (active and p == os.path.join(active, "bin"))
     )
     env["SPEC_TOT_CACHE_DIR"] = str(work / "cache")
+    # Jupyter refuses to run as root unless told: a checker running as root (CI) says so in
+    # a config folder of its own, as a user's own account would not need to
+    jupyter = work / "jupyter"
+    jupyter.mkdir(parents=True, exist_ok=True)
+    (jupyter / "jupyter_server_config.py").write_text("c.ServerApp.allow_root = True\n")
+    env["JUPYTER_CONFIG_DIR"] = str(jupyter)
     runner = Runner(clone, env, args.skip_tests)
     started = time.monotonic()
     try:

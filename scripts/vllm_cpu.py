@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["VLLM_VERSION", "VllmServer", "install", "serve", "venv_dir"]
+__all__ = ["VLLM_VERSION", "VllmServer", "install", "serve", "start", "start_router", "venv_dir"]
 
 VLLM_VERSION = "0.32.0"
 _UNMATCHED = ("torchvision", "torchaudio", "torchcodec")
@@ -129,7 +129,7 @@ def start(
         str(_python(venv)), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", name,
         "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", str(max_model_len), "--disable-log-stats", *extra,
+        "--max-model-len", str(max_model_len), *extra,
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     env.pop("VIRTUAL_ENV", None)
@@ -137,17 +137,47 @@ def start(
     process = subprocess.Popen(
         command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
     )
-    server = VllmServer(f"http://127.0.0.1:{port}", name, process, log)
+    return _healthy(VllmServer(f"http://127.0.0.1:{port}", name, process, log), "vLLM", wait_s)
+
+
+def _healthy(server: VllmServer, what: str, wait_s: float) -> VllmServer:
+    """``server`` once its ``/health`` answers; stopped, and an error with its log's end,
+    if it exits or stays silent for ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if not server.alive():
-            raise RuntimeError(f"vLLM exited {process.returncode}:\n{server.log_tail()}")
+            code = server.process.returncode
+            raise RuntimeError(f"{what} exited {code}:\n{server.log_tail()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(server.url + "/health", timeout=2).status_code == 200:
                 return server
-        time.sleep(1)
+        time.sleep(0.5)
     server.stop()
-    raise RuntimeError(f"vLLM not healthy after {wait_s:.0f} s:\n{server.log_tail()}")
+    raise RuntimeError(f"{what} not healthy after {wait_s:.0f} s:\n{server.log_tail()}")
+
+
+ROUTER = "vllm-router==0.1.17"  # vLLM's Rust load balancer (PyPI)
+
+
+def start_router(
+    workers: list[str], *, port: int | None = None, venv: Path | None = None,
+    log: Path | None = None, wait_s: float = 120.0,
+) -> VllmServer:  # fmt: skip
+    """``vllm-router`` (installed into the vLLM venv when missing) in front of ``workers``,
+    with its defaults (cache-aware routing, retries, circuit breaker, health checks)."""
+    venv = install(venv)
+    binary = venv / "bin" / "vllm-router"
+    if not binary.is_file():
+        subprocess.run([str(_python(venv)), "-m", "pip", "install", "-q", ROUTER], check=True)
+    port = port or free_port()
+    log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-router-{port}.log"
+    command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
+               "--worker-urls", *workers]  # fmt: skip
+    out = log.open("wb")
+    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    router = VllmServer(f"http://127.0.0.1:{port}", "smollm2", process, log)
+    return _healthy(router, "vllm-router", wait_s)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from spec_tot import _cli_help, cli_kit
 from spec_tot._cli_checks import (
@@ -37,7 +36,7 @@ from spec_tot.backends import BackendRegistry
 from spec_tot.config import MODES, ExecutorConfig
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.programs import load_program
-from spec_tot.progress import show_progress
+from spec_tot.progress import run_progress, show_progress
 from spec_tot.rounds import schedule_rounds
 
 __all__ = ["app", "main", "run_cli"]
@@ -106,31 +105,17 @@ async def _one_run(
 
 
 async def _run_stoppable(tot: Any, inputs: list[Any], label: str, stop: StopSignal) -> Any:
-    """The batch, with a progress bar on a terminal; a SIGINT or SIGTERM cuts it short and
+    """The batch, with its progress shown; a SIGINT or SIGTERM cuts it short and
     the queries that had finished make the result (``_cli_interrupt.py``)."""
     finished: list[Any] = []
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with contextlib.ExitStack() as stack:
-        advance = None
-        if console.is_terminal:  # a progress bar in a log is only noise
-            progress = stack.enter_context(
-                Progress(
-                    "[progress.description]{task.description}",
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=console,
-                    transient=True,
-                )
-            )
-            bar = progress.add_task(label, total=len(inputs))
-            advance = lambda: progress.advance(bar)  # noqa: E731
+    # a bar on a terminal; in a log, a plain line every 10 s (a bar there is only noise)
+    with run_progress(label, len(inputs), console) as advance:
 
         def on_result(result: Any) -> None:
             finished.append(result)
-            if advance is not None:
-                advance()
+            advance()
 
         work = asyncio.ensure_future(tot.arun_batch(inputs, on_result=on_result))
         remove = stop.watch(work)

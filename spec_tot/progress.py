@@ -14,14 +14,18 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 __all__ = [
     "PROGRESS_ENV",
     "PROGRESS_LOGGER",
     "note",
+    "run_progress",
     "show_progress",
     "show_progress_from_env",
     "timed_step",
@@ -29,6 +33,33 @@ __all__ = [
 
 PROGRESS_LOGGER = "spec_tot.progress"
 PROGRESS_ENV = "SPEC_TOT_PROGRESS"
+
+
+@contextmanager
+def run_progress(
+    label: str, total: int, console: Console, every_s: float = 10.0
+) -> Iterator[Callable[[], None]]:
+    """A callable to call once per finished item: a transient bar on a terminal, else a
+    plain progress line at most every ``every_s`` seconds (``label: done/total (N s)``)."""
+    if console.is_terminal:
+        columns = ("[progress.description]{task.description}", BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda: bar.advance(task)
+        return
+    started = last = time.monotonic()
+    done = 0
+
+    def advance() -> None:
+        nonlocal done, last
+        done += 1
+        now = time.monotonic()
+        if now - last >= every_s and done < total:
+            last = now
+            note(f"{label}: {done}/{total} done ({now - started:.0f} s)")
+
+    yield advance
 
 
 def note(message: str) -> None:

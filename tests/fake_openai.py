@@ -50,6 +50,10 @@ class FakeOpenAI(MiniHTTPServer):
             self.bodies.append(req.body)
             if req.body.get("logprobs"):
                 return await self.judge(req)
+            if fault == "cut":  # one chunk of a stream, then the connection drops
+                await self.start_stream(req)
+                await self.chunk(req, b'data: {"choices": [{"index": 0, "text": "cut "}]}\n\n')
+                return False
             return await self.complete(req)
         return await self.reply(req, 404, {"error": {"message": "no such route"}})
 

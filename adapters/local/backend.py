@@ -42,7 +42,7 @@ from spec_tot.requests import (
 
 from .config import CoreOptions, EngineConfig, PrmConfig
 from .core.cores import CoreSet, CoreSlot
-from .core.delivery import Delivery
+from .core.delivery import Delivery, Unread
 from .core.messages import (
     Abort,
     Add,
@@ -78,14 +78,9 @@ class LocalBackend(GenerationBackend, RewardBackend):
             raise ConfigError("policy_path", "give a policy model, a PRM, or both")
         self.options = options or CoreOptions()
         self._delivery = Delivery()
+        on = self._delivery
         self._cores = CoreSet(
-            engine,
-            prm,
-            self.options,
-            cache_dir,
-            self._delivery.on_output,
-            self._delivery.fail_link,
-            self._on_ready,
+            engine, prm, self.options, cache_dir, on.on_output, on.fail_link, self._on_ready
         )
         self._policy, self._reward = self._cores.policy, self._cores.reward
         self._texts = LocalTexts(  # an in-thread core's tokenizers are reused, not reloaded
@@ -209,6 +204,12 @@ class LocalBackend(GenerationBackend, RewardBackend):
         return ticket
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        try:
+            return await self._generate(request)
+        except Unread:  # its core died before reading it: nothing ran, a fresh core takes it
+            return await self._generate(request)
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
         link = await self._cores.alink(self._policy, "policy engine")
         ticket = self._admit(request, link)
         loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ import httpx
 
 from spec_tot.adapters.http import EndpointPool, query_key, split_http_options, sse_events
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
-from spec_tot.errors import BackendError, ConfigError
+from spec_tot.errors import BackendError
 from spec_tot.requests import (
     Capabilities,
     Completion,
@@ -40,9 +40,12 @@ from spec_tot.requests import (
     GenerateRequest,
     GenerateResult,
     RewardItem,
+    TokenLogprob,
 )
 
+from .chat import ServedChat
 from .config import DEFAULT_URLS, OpenAIConfig
+from .logprobs import logprobs_asked, parse_logprobs
 from .protocol import OPENAI_WIRE, parse_vllm_speculation
 from .rewards import OpenAIScorer
 
@@ -55,9 +58,15 @@ class _Run:
     texts: dict[int, str] = field(default_factory=dict)
     chunks: dict[int, int] = field(default_factory=dict)
     reasons: dict[int, FinishReason] = field(default_factory=dict)
+    logprobs: dict[int, tuple[TokenLogprob, ...]] = field(default_factory=dict)
     prompt_tokens: int = 0
     aborted: bool = False
     task: asyncio.Task[None] | None = None
+
+    def reset(self) -> None:
+        """Forget a cut-off attempt's output."""
+        for part in (self.texts, self.chunks, self.reasons, self.logprobs):
+            part.clear()
 
     def result(self) -> GenerateResult:
         comps = []
@@ -65,7 +74,11 @@ class _Run:
             text = self.texts.get(i, "")
             reason = FinishReason.ABORT if self.aborted else self.reasons.get(i, FinishReason.STOP)
             tokens = self.chunks.get(i) or max(1, len(text) // 4) if text else 0
-            comps.append(Completion(text, num_tokens=tokens, finish_reason=reason))
+            comps.append(
+                Completion(
+                    text, num_tokens=tokens, finish_reason=reason, logprobs=self.logprobs.get(i, ())
+                )
+            )
         return GenerateResult(self.request.request_id, tuple(comps), self.prompt_tokens)
 
 
@@ -75,41 +88,19 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
         self.pool = pool or EndpointPool(list(config.urls), config.http, protocol=OPENAI_WIRE)
         self.scorer = OpenAIScorer(self.pool, config)
         self._runs: dict[str, _Run] = {}
-        self._tokenizer: Any = None
+        self.chat = ServedChat(self.pool, config.model, config.tokenizer)
 
     @property
     def tokenizer(self) -> Any:
-        """The served model's tokenizer from the ``tokenizer`` folder (loaded on first use),
-        None when none was given."""
-        if self.config.tokenizer is None:
-            return None
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
+        """The served model's tokenizer from the ``tokenizer`` folder, None without one."""
+        return self.chat.tokenizer
 
-            try:
-                self._tokenizer = AutoTokenizer.from_pretrained(
-                    self.config.tokenizer, local_files_only=True
-                )
-            except (OSError, ValueError) as exc:
-                raise ConfigError(
-                    "tokenizer", f"no tokenizer in {self.config.tokenizer!r}: {exc}"
-                ) from exc
-        return self._tokenizer
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """Chat messages as one prompt in the served model's chat template (``chat.py``)."""
+        return self.chat.render(messages)
 
-    @property
-    def render_chat(self) -> Callable[[Sequence[Mapping[str, str]]], str] | None:
-        """Chat messages as one prompt in the served model's chat template (from the
-        ``tokenizer`` folder); None without one (programs then use a plain layout)."""
-        tokenizer = self.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            return None
-
-        def render(messages: Sequence[Mapping[str, str]]) -> str:
-            plain = [{"role": m["role"], "content": m["content"]} for m in messages]
-            text = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
-            return str(text)
-
-        return render
+    async def start(self) -> None:
+        await self.chat.learn()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -187,8 +178,13 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
-            "stream": self.config.stream,
+            "stream": self._streams(request),
         }
+        if body["stream"]:  # the prompt's token count comes in a last usage chunk
+            body["stream_options"] = {"include_usage": True}
+        asked = logprobs_asked(s, self.tokenizer)
+        if asked is not None:
+            body["logprobs"] = asked
         if s.stop:
             body["stop"] = list(s.stop)
         if s.seed is not None and self.config.forward_seed:
@@ -199,10 +195,17 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             body["stop_token_ids"] = list(s.stop_token_ids)  # vLLM / SGLang extension
         return body
 
+    def _streams(self, request: GenerateRequest) -> bool:
+        # logprobs come whole in one reply (a judge's one token needs no stream)
+        return self.config.stream and not request.sampling.wants_logprobs
+
     def _take(self, run: _Run, payload: dict[str, Any], delta: bool) -> None:
         for choice in payload.get("choices") or []:
             i = int(choice.get("index", 0))
             text = str(choice.get("text") or "")
+            if not delta and choice.get("logprobs"):
+                sampling = run.request.sampling
+                run.logprobs[i] = parse_logprobs(choice["logprobs"], sampling, self.tokenizer)
             run.texts[i] = run.texts.get(i, "") + text if delta else text
             if delta and text:
                 run.chunks[i] = run.chunks.get(i, 0) + 1  # vLLM streams about a token a chunk
@@ -212,6 +215,19 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
         run.prompt_tokens = int(usage.get("prompt_tokens") or run.prompt_tokens)
 
     async def _call(self, run: _Run) -> None:
+        """One generation; a reply cut off by the connection (a worker that died under it,
+        behind a router too) is sent once more: sampling has no state on the server, so a
+        second try is a fresh one (the cut text is dropped); a dead server then fails fast,
+        naming itself."""
+        try:
+            await self._call_once(run)
+        except BackendError as exc:
+            if run.aborted or not isinstance(exc.__cause__, httpx.TransportError):
+                raise
+            run.reset()
+            await self._call_once(run)
+
+    async def _call_once(self, run: _Run) -> None:
         key = query_key(run.request.request_id)
         body = self._body(run.request)
         loop = asyncio.get_running_loop()
@@ -226,7 +242,7 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             response,
         ):
             where = ep.url + "/v1/completions"
-            if self.config.stream:
+            if body["stream"]:
                 async for chunk in sse_events(response, where):
                     self._take(run, chunk, delta=True)
                 # The pool learns speeds from the bodies it reads; a stream it never reads.

@@ -26,7 +26,8 @@ class OpenAIConfig:
     each request's seed (off for a server that cannot take seeded requests, such as vLLM CPU
     0.32.0, whose engine dies on one; sampling is then the server's own, not reproducible).
     ``tokenizer``: a local folder holding the served model's tokenizer, whose chat template
-    renders chat prompts (the math program's) and whose ids the self-judge reads."""
+    renders chat prompts (the math program's) and whose ids the self-judge reads; without
+    one, the server's own template is learnt from vLLM's /tokenize (``chat.py``)."""
 
     urls: tuple[str, ...] = DEFAULT_URLS
     model: str = "default"

@@ -163,6 +163,24 @@ async def test_the_tokenizer_folder_renders_the_chat_template(tmp_path: object) 
 
     folder = Path(str(tmp_path))
     no_folder = create_openai(urls=["http://127.0.0.1:9"], model="m")
-    assert no_folder.tokenizer is None and chat_for(no_folder) is plain_chat
+    assert no_folder.tokenizer is None and chat_for(no_folder) is not plain_chat
+    one = [{"role": "user", "content": "hi"}]
+    assert no_folder.render_chat(one) == "user: hi\nassistant:"  # no template known
+    no_folder.chat.frame = ("<u>", "</u><a>")  # as learnt from the server's /tokenize
+    assert no_folder.render_chat(one) == "<u>hi</u><a>"
     with pytest.raises(Exception, match="tokenizer"):
         _ = create_openai(urls=["http://127.0.0.1:9"], tokenizer=str(folder)).tokenizer
+
+
+async def test_a_reply_cut_by_the_connection_is_sent_once_more(server: FakeOpenAI) -> None:
+    """A worker that dies under a stream (behind a router too) cuts the reply: a second
+    send is a fresh sample (the cut text dropped); a second cut is the error."""
+    b = backend([server.url])
+    server.faults = ["cut"]
+    result = await b.generate(req("q/a"))
+    assert result.completions[0].text == "t0.0 t0.1 t0.2 t0.3 " and len(server.bodies) == 2
+    server.faults = ["cut", "cut"]
+    with pytest.raises(BackendError, match="stream broken"):
+        await b.generate(req("q/b"))
+    assert b.num_inflight == 0
+    await b.aclose()

@@ -132,3 +132,25 @@ def test_serve_shows_its_start_and_prints_the_url_once_it_listens(
     assert "loading the model" in text
     assert "calibrating the engine's step times" in text and "done in" in text
     assert text.index("calibrating") < text.index("listening on")
+
+
+def test_a_long_run_off_a_terminal_prints_plain_progress_lines(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from spec_tot.progress import PROGRESS_LOGGER, run_progress
+
+    log = Console(file=io.StringIO())  # not a terminal: no bar
+    with (
+        caplog.at_level(logging.INFO, logger=PROGRESS_LOGGER),
+        run_progress("full x8", 3, log, every_s=0.0) as advance,
+    ):
+        for _ in range(3):
+            advance()
+    lines = [r.getMessage() for r in caplog.records if r.name == PROGRESS_LOGGER]
+    assert lines == ["full x8: 1/3 done (0 s)", "full x8: 2/3 done (0 s)"]  # the table ends it
+    assert log.file.getvalue() == ""  # type: ignore[attr-defined]

@@ -16,10 +16,18 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from spec_tot.errors import BackendError
+
 from .messages import Done, Failed, Pong, Rewards, Scores, StepBatch
 from .proc import CoreLink
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "Unread"]
+
+
+class Unread(BackendError):
+    """The core died before it read the request (it had reported reading only lower
+    tickets): nothing of it ran, so a fresh core may take it."""
+
 
 _Item = tuple[Any, Any, BaseException | None, bool]  # sink, value, error, final
 
@@ -38,6 +46,7 @@ class Delivery:
         self._sinks: dict[int, _Waiter] = {}
         self._calls: dict[int, _Waiter] = {}
         self._call_ids = itertools.count(1)
+        self._received: dict[int, int] = {}  # id(link) -> the last ticket its core read
 
     # -- the caller's side ------------------------------------------------------------------
     def expect(self, ticket: int, link: CoreLink, loop: Any, sink: Any) -> None:
@@ -64,6 +73,8 @@ class Delivery:
     # -- the core's side (its link's thread) ------------------------------------------------
     def on_output(self, link: CoreLink, output: Any) -> None:
         if isinstance(output, StepBatch):
+            if output.received > self._received.get(id(link), 0):
+                self._received[id(link)] = output.received
             self._step(output)
         elif isinstance(output, Done | Scores | Rewards | Pong | Failed):
             if isinstance(output, Done) and output.stats:
@@ -96,14 +107,19 @@ class Delivery:
             _post(loop, items)
 
     def fail_link(self, link: CoreLink, error: BaseException) -> None:
-        """``link``'s core has ended: everything still waiting on it fails with ``error``."""
+        """``link``'s core has ended: everything still waiting on it fails with ``error``,
+        but a request its core never read fails ``Unread`` (a fresh core may take it: a
+        batch sent to an idle core in the moments it took to die failed whole)."""
+        received = self._received.pop(id(link), 0)
+        unread = Unread("local", f"{str(error).removeprefix('local: ')} (before it read this)")
         for table in (self._sinks, self._calls):
             gone = [key for key, waiter in list(table.items()) if waiter.link is link]
             by_loop: dict[Any, list[_Item]] = defaultdict(list)
             for key in gone:
                 waiter = table.pop(key, None)
                 if waiter is not None:
-                    by_loop[waiter.loop].append((waiter.sink, None, error, True))
+                    lost = unread if table is self._sinks and key > received else error
+                    by_loop[waiter.loop].append((waiter.sink, None, lost, True))
             for loop, items in by_loop.items():
                 _post(loop, items)
 

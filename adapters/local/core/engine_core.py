@@ -94,9 +94,8 @@ class EngineCore:
         if start.prm is not None:
             from ..config import resolve_device, resolve_dtype
 
-            device = resolve_device(start.prm.device)
-            dtype = resolve_dtype(start.prm.dtype, device)
-            cfg = start.prm
+            cfg, device = start.prm, resolve_device(start.prm.device)
+            dtype = resolve_dtype(cfg.dtype, device)
             self.prm = PrmScorer(cfg.path, device, dtype, cfg.num_kv_blocks, cfg.block_size)
             self.reward_info = _reward_info(self.prm)
         cache = CalibrationCache(start.cache_dir)
@@ -107,6 +106,7 @@ class EngineCore:
         if self.prm is not None and self.reward_info is not None:
             self.reward_knee = calibrate_prm(self.prm, cache, self.reward_info.item_tokens)
         self._tickets: dict[str, int] = {}
+        self.received = 0  # the last request ticket read (``StepBatch.received``)
         self._prm_pool = ThreadPoolExecutor(1, thread_name_prefix="spec-tot-prm")
         self._last_stats = 0.0
         # the loop's own time beside the engine's steps: commands handled, outputs sent; a
@@ -178,7 +178,7 @@ class EngineCore:
         except Exception as exc:  # keep the loop alive; the caller gets the error
             match command:
                 case Add(ticket=ticket):  # a ConfigError naming the field, to this caller only
-                    self._emit(StepBatch([], [], [(ticket, ErrorInfo.of(exc))], {}))
+                    self._emit(StepBatch([], [], [(ticket, ErrorInfo.of(exc))], {}, ticket))
                 case Cancel() | Start():
                     pass  # nobody waits for a reply
                 case _:
@@ -224,7 +224,7 @@ class EngineCore:
         match command:
             case Add(ticket=ticket, request=request, stream=stream):
                 engine.add_request(request, stream=stream)
-                self._tickets[request.request_id] = ticket
+                self._tickets[request.request_id] = self.received = ticket
             case Cancel(request_id=request_id):
                 engine.abort_request(request_id)
                 self._tickets.pop(request_id, None)
@@ -232,7 +232,7 @@ class EngineCore:
                 results = engine.abort(prefix)
                 tickets = self._tickets
                 done = [(tickets.pop(r.request_id), r) for r in results if r.request_id in tickets]
-                self._emit(StepBatch(done, [], [], self._stats()))
+                self._emit(StepBatch(done, [], [], self._stats(), self.received))
                 self._emit(Done(call, len(results)))
             case Flush(call=call):
                 self._emit(Done(call, None, self._stats()))
@@ -265,7 +265,7 @@ class EngineCore:
         if done or updates or failures or now - self._last_stats >= STATS_INTERVAL_S:
             self._last_stats = now
             self.clock.start()
-            self._emit(StepBatch(done, updates, failures, self._stats()))
+            self._emit(StepBatch(done, updates, failures, self._stats(), self.received))
             self.clock.lap("emit")
 
     def close(self, error: BaseException) -> None:

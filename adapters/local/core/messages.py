@@ -227,12 +227,15 @@ class StartFailed(msgspec.Struct, tag="start_failed", frozen=True):
 class StepBatch(msgspec.Struct, tag="step", frozen=True):
     """What one step (or one abort) produced, by ticket: finished results, per-token
     updates of streamed requests, requests that failed alone, and the engine's counters
-    after it (set before any waiter wakes)."""
+    after it (set before any waiter wakes). ``received``: the last request ticket the core
+    has read (tickets rise, so every lower one was read too): a request above it when the
+    core dies was never read, and a fresh core can take it."""
 
     results: list[tuple[int, GenerateResult]]
     updates: list[tuple[int, StreamUpdate]]
     failures: list[tuple[int, ErrorInfo]]
     stats: dict[str, float]
+    received: int = 0
 
 
 class Done(msgspec.Struct, tag="done", frozen=True):

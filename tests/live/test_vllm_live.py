@@ -1,0 +1,191 @@
+"""spec-tot against a real, unmodified vLLM (``vllm-cpu`` 0.32.0 on this machine's CPU,
+serving SmolLM2-135M-Instruct on 127.0.0.1), started by ``scripts/vllm_cpu.py``.
+
+Runs when ``SPEC_TOT_VLLM=1`` (``.ci/run`` installs vLLM and sets it); skipped otherwise,
+since the server takes ~3.5 GB and a first start compiles for 2-3 minutes. Where
+``SPEC_TOT_VLLM=1`` is set, a server that cannot start fails the tests, never skips them.
+vLLM CPU 0.32.0 dies on seeded requests, so every backend here leaves seeds out
+(``forward_seed=False``, docs/backends.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import vllm_cpu  # scripts/, on the path once live_helpers is imported (conftest.py)
+from live_helpers import vllm_venv
+
+from spec_tot.adapters.openai_compat import OpenAICompatBackend, create_openai
+from spec_tot.config import ExecutorConfig
+from spec_tot.graphs.math import SelfJudge, compile_math, math_inputs
+from spec_tot.requests import FinishReason, GenerateRequest, RewardItem, SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("SPEC_TOT_VLLM") != "1",
+    reason="a live vLLM: set SPEC_TOT_VLLM=1 (python scripts/vllm_cpu.py install; .ci/run does)",
+)
+
+
+@pytest.fixture(scope="module")
+def vllm(smollm2: Path) -> Iterator[Any]:
+    """A server of this module's own; ``SPEC_TOT_VLLM_URL`` names a running one instead
+    (serving SmolLM2 as ``smollm2``), to iterate without a start."""
+    given = os.environ.get("SPEC_TOT_VLLM_URL")
+    if given:
+
+        class Running:
+            url, model = given.rstrip("/"), "smollm2"
+
+        yield Running()
+        return
+    server = vllm_cpu.start(smollm2, venv=vllm_venv())
+    yield server
+    server.stop()
+
+
+def backend(server: Any, smollm2: Path, **kw: Any) -> OpenAICompatBackend:
+    return create_openai(
+        urls=[server.url], model=server.model, forward_seed=False, tokenizer=str(smollm2), **kw
+    )
+
+
+def running(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_completions_streamed_and_not_with_n_and_stop(
+    vllm: Any, smollm2: Path, stream: bool
+) -> None:
+    b = backend(vllm, smollm2, stream=stream)
+    sampling = SamplingParams(temperature=0.8, max_tokens=24, stop=("\n",))
+    prompt = b.render_chat([{"role": "user", "content": "Name three colours, one a line."}])
+    result = await b.generate(GenerateRequest("q/a", sampling, prompt=prompt, n=3))
+    assert len(result.completions) == 3 and result.prompt_tokens > 0
+    for c in result.completions:
+        assert "\n" not in c.text and c.num_tokens > 0
+        assert c.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert b.num_inflight == 0
+    await b.aclose()
+
+
+async def test_the_servers_chat_template_is_learnt_without_a_folder(
+    vllm: Any, smollm2: Path
+) -> None:
+    with_folder = backend(vllm, smollm2)
+    served = create_openai(urls=[vllm.url], model=vllm.model, forward_seed=False)
+    await served.start()
+    chat = [{"role": "user", "content": "What is 7 * 6?"}]
+    assert served.chat.frame is not None
+    assert served.render_chat(chat) == with_folder.render_chat(chat)
+    await served.aclose()
+    await with_folder.aclose()
+
+
+async def test_the_self_judge_reads_yes_and_no_logprobs(vllm: Any, smollm2: Path) -> None:
+    b = backend(vllm, smollm2)
+    judge = SelfJudge(b, b.render_chat)
+    await judge.start()
+    assert judge.yes_no is not None  # from the tokenizer folder
+    right = RewardItem("q0/a", "What is 2 + 3?", ("2 + 3 = 5. The answer is 5.",))
+    wrong = RewardItem("q0/b", "What is 2 + 3?", ("2 + 3 = 9. The answer is 9.",))
+    scores = await judge.score([right, wrong])
+    assert all(len(s) == 1 and 0.0 <= s[0] <= 1.0 for s in scores)
+    sampling = SamplingParams(temperature=1.0, max_tokens=1, logprob_token_ids=judge.yes_no)
+    done = await b.generate(GenerateRequest("q0/c", sampling, prompt=b.render_chat(
+        [{"role": "user", "content": "Is 2 + 3 = 5? Answer Yes or No."}])))  # fmt: skip
+    given = dict(done.completions[0].logprobs[0].given)
+    assert set(given) == set(judge.yes_no) and any(math.isfinite(v) for v in given.values())
+    await b.aclose()
+
+
+async def test_a_cancelled_query_aborts_its_requests_on_the_server(
+    vllm: Any, smollm2: Path
+) -> None:
+    b = backend(vllm, smollm2)
+    sampling = SamplingParams(temperature=0.8, max_tokens=1500, ignore_eos=True)
+    tasks = [
+        asyncio.create_task(b.generate(GenerateRequest(f"q{i}/x", sampling, prompt="Count:")))
+        for i in range(4)
+    ]
+    deadline = time.monotonic() + 60
+    while running(vllm.url) < 4:
+        assert time.monotonic() < deadline, "the requests never ran"
+        await asyncio.sleep(0.2)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    deadline = time.monotonic() + 20
+    while running(vllm.url) > 0:
+        assert time.monotonic() < deadline, "the server kept running cancelled requests"
+        await asyncio.sleep(0.2)
+    assert b.num_inflight == 0
+    await b.aclose()
+
+
+def test_the_math_program_32_in_flight_with_zero_failures(vllm: Any, smollm2: Path) -> None:
+    """The run that declared a busy server dead: now every query finishes."""
+    b = backend(vllm, smollm2)
+    app = compile_math(
+        backend=b, search="beam", search_params={"n": 2, "width": 1, "max_depth": 3},
+        max_steps=3, config=ExecutorConfig(mode="full", max_concurrency=32, seed=0),
+    )  # fmt: skip
+    batch = app.run_batch(math_inputs(32))
+    failed = [(r.query_id, r.errors) for r in batch.results if r.status != "ok"]
+    assert failed == [] and len(batch.results) == 32
+    assert b.pool.endpoints[vllm.url].breaker.state == "closed"
+
+
+def _math_app(b: OpenAICompatBackend, concurrency: int) -> Any:
+    return compile_math(
+        backend=b, search="beam", search_params={"n": 2, "width": 1, "max_depth": 3},
+        max_steps=3, config=ExecutorConfig(mode="full", max_concurrency=concurrency, seed=0),
+    )  # fmt: skip
+
+
+def test_a_server_killed_mid_run_fails_every_query_promptly_naming_it(
+    vllm: Any, smollm2: Path
+) -> None:
+    """Last in this file: the module's server, SIGKILLed (engine and all) while 8 queries
+    run. The run ends soon after, every unfinished query failed with the server's URL in its
+    error, nothing hangs; a server started again on the same port serves the next run."""
+    if getattr(vllm, "process", None) is None:
+        pytest.skip("needs a server this module started (not SPEC_TOT_VLLM_URL)")
+    port = int(vllm.url.rsplit(":", 1)[1])
+
+    async def run_and_kill() -> tuple[Any, float]:
+        b = backend(vllm, smollm2)
+        work = asyncio.ensure_future(_math_app(b, 8).arun_batch(math_inputs(8)))
+        while running(vllm.url) < 1:
+            await asyncio.sleep(0.1)
+        killed = time.monotonic()
+        os.killpg(vllm.process.pid, signal.SIGKILL)
+        batch = await asyncio.wait_for(work, 120)
+        await b.aclose()
+        return batch, time.monotonic() - killed
+
+    batch, after = asyncio.run(run_and_kill())
+    vllm.stop()
+    failed = [r for r in batch.results if r.status != "ok"]
+    assert failed and after < 30, (len(failed), after)
+    assert all(any(vllm.url in e for e in r.errors) for r in failed), failed[0].errors
+    again = vllm_cpu.start(smollm2, port=port, venv=vllm_venv())
+    try:
+        b = backend(again, smollm2)
+        batch = _math_app(b, 2).run_batch(math_inputs(2))
+        assert [r.status for r in batch.results] == ["ok", "ok"]
+    finally:
+        again.stop()
