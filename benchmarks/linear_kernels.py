@@ -5,9 +5,12 @@ the tied 49,152 x 576 LM head: 540 MB of weights, far past the L3 cache, as in a
 step) and of the random 4 x 128 Llama, at 1..1024 rows. Each (rows, kernel) cell times one
 pass over every weight; the kernels are interleaved within a round, rounds repeated, medians
 reported with the per-round ratio to MKL (median, bootstrap 95% interval). oneDNN's weights
-are packed for ``--pack-rows`` rows each (the layout ``linear.py`` picks from).
+are packed for ``--pack-rows`` rows each (the layout ``linear.py`` picks from). ``--bf16``
+adds oneDNN on bf16 packed weights (inputs cast to bf16 and the outputs back to float32
+inside the timed call), the dtype vLLM's CPU build runs by default.
 
     python benchmarks/linear_kernels.py --json benchmarks/results/linear_kernels.json
+    python benchmarks/linear_kernels.py --rows 1,8,32 --pack-rows 32 --bf16
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ def _pass(
     return run
 
 
+def _onednn_bf16(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _onednn(x.to(torch.bfloat16), w).float()
+
+
 def _bootstrap(values: list[float], n: int = 2000) -> list[float]:
     rng = random.Random(0)
     draws = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(n))
@@ -61,6 +68,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--bf16", action="store_true", help="also oneDNN on bf16 weights")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -71,11 +79,17 @@ def main() -> None:
     results: dict[str, dict[str, object]] = {}
     with torch.inference_mode():
         packed = {h: [torch.ops.mkldnn._reorder_linear_weight(w, h) for w in plain] for h in hints}
+        halves = [
+            torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16), hints[0])
+            for w in (plain if args.bf16 else [])
+        ]
         for rows in (int(r) for r in args.rows.split(",")):
             inputs = [torch.randn(rows, w.shape[1]) for w in plain]
             cells = {"mkl": _pass(F.linear, plain, inputs)}
             for h, weights in packed.items():
                 cells[f"onednn_pack{h}"] = _pass(_onednn, weights, inputs)
+            if halves:
+                cells[f"onednn_bf16_pack{hints[0]}"] = _pass(_onednn_bf16, halves, inputs)
             times: dict[str, list[float]] = {k: [] for k in cells}
             order = list(cells)
             rng = random.Random(rows)

@@ -152,11 +152,10 @@ def tot(args: argparse.Namespace) -> dict[str, Any]:
     harness = vllm_cpu
     venv = Path(args.vllm_venv) if args.vllm_venv else None
     extra = ("--no-enable-chunked-prefill",)  # seeded requests: see the module docstring
-    with (
-        harness.serve(folder, venv=venv, extra=extra) as vllm,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        out = Path(tmp) / "bench.json"
+    with harness.serve(folder, venv=venv, extra=extra) as vllm:
+        # spec-tot bench's own rounds JSON, kept beside ours (or in a temporary folder)
+        keep = Path(args.json).with_suffix(".bench.json") if args.json else None
+        out = keep or Path(tempfile.mkdtemp()) / "bench.json"
         command = [
             sys.executable, "-m", "spec_tot", "bench", "--program", "math", "--dataset", "gsm8k",
             "--backend", "openai", "--backend-opt", f"urls={vllm.url}",
@@ -166,14 +165,19 @@ def tot(args: argparse.Namespace) -> dict[str, Any]:
             "--rounds", str(args.rounds), "--control", args.control, "--json", str(out),
         ]  # fmt: skip
         subprocess.run(command, check=True, env={**os.environ})
-        rows = json.loads(out.read_text())
+        payload = json.loads(out.read_text())
+    rows = payload["runs"]
     failed = sum(int(r["metrics"].get("failed", 0)) for r in rows)
-    answers = {}
+    solved: dict[str, set[int]] = {}
     for row in rows:
-        answers.setdefault(row["concurrency"], set()).add(row["metrics"]["solved"])
-    return {"rows": rows, "failed_queries": failed,
-            "solved_per_concurrency": {k: sorted(v) for k, v in answers.items()},
-            "line": f"tot through vLLM: {failed} failed queries; see the bench table"}  # fmt: skip
+        cell = f"{row['mode']}@{row['concurrency']}"
+        solved.setdefault(cell, set()).add(int(row["metrics"]["solved"]))
+    return {
+        "bench": payload,
+        "failed_queries": failed,
+        "solved_per_cell": {k: sorted(v) for k, v in solved.items()},
+        "line": f"tot through vLLM: {failed} failed queries; {payload['summary']}",
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

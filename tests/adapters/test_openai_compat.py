@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator, Callable
+from typing import ClassVar
 
 import pytest
 from fake_openai import FakeOpenAI
@@ -184,3 +185,34 @@ async def test_a_reply_cut_by_the_connection_is_sent_once_more(server: FakeOpenA
         await b.generate(req("q/b"))
     assert b.num_inflight == 0
     await b.aclose()
+
+
+def test_logprobs_over_the_protocol_read_ids_through_the_tokenizer() -> None:
+    """The completions protocol names tokens by text; the judge names ids (issue 46)."""
+    import math
+
+    from spec_tot.adapters.openai_compat.logprobs import logprobs_asked, parse_logprobs
+    from spec_tot.errors import ConfigError
+
+    class Tokenizer:
+        vocab: ClassVar[dict[str, int]] = {"Yes": 7, "No": 9, "Maybe": 11}
+
+        def decode(self, ids: list[int]) -> str:
+            return {v: k for k, v in self.vocab.items()}[ids[0]]
+
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [self.vocab[text]] if text in self.vocab else [1, 2]
+
+    sampling = SamplingParams(temperature=1.0, max_tokens=1, logprob_token_ids=(7, 9))
+    assert logprobs_asked(sampling, Tokenizer()) == 20
+    with pytest.raises(ConfigError, match="tokenizer"):
+        logprobs_asked(sampling, None)
+    block = {"tokens": ["Yes"], "token_logprobs": [-0.1],
+             "top_logprobs": [{"Yes": -0.1, "Maybe": -2.5}]}  # fmt: skip
+    (entry,) = parse_logprobs(block, sampling, Tokenizer())
+    assert entry.token_id == 7 and entry.logprob == -0.1
+    assert dict(entry.given)[7] == -0.1 and dict(entry.given)[9] == -math.inf  # not in the top
+    plain = SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)
+    assert logprobs_asked(plain, None) == 0
+    (only,) = parse_logprobs(block, plain, None)
+    assert only.token_id == -1 and only.top == () and only.given == ()
