@@ -14,6 +14,11 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 if str(SCRIPTS) not in sys.path:
     sys.path.insert(0, str(SCRIPTS))
 
+import fetch_smollm2  # noqa: E402 - scripts/, on the path now
+import vllm_cpu  # noqa: E402
+
+__all__ = ["SCRIPTS", "fetch_smollm2", "smollm2", "vllm_cpu", "vllm_venv"]
+
 
 def vllm_venv() -> Path | None:
     """``$SPEC_TOT_VLLM_VENV`` (an installed vllm-cpu venv), else the script's default."""
@@ -23,6 +28,4 @@ def vllm_venv() -> Path | None:
 
 @pytest.fixture(scope="module")
 def smollm2() -> Path:
-    import fetch_smollm2
-
     return Path(fetch_smollm2.fetch_smollm2())

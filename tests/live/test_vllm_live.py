@@ -20,13 +20,14 @@ from typing import Any
 
 import httpx
 import pytest
-import vllm_cpu  # scripts/, on the path once live_helpers is imported (conftest.py)
-from live_helpers import vllm_venv
+from live_helpers import smollm2, vllm_cpu, vllm_venv
 
 from spec_tot.adapters.openai_compat import OpenAICompatBackend, create_openai
 from spec_tot.config import ExecutorConfig
 from spec_tot.graphs.math import SelfJudge, compile_math, math_inputs
 from spec_tot.requests import FinishReason, GenerateRequest, RewardItem, SamplingParams
+
+__all__ = ["smollm2"]  # the fixture, imported
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SPEC_TOT_VLLM") != "1",

@@ -16,12 +16,13 @@ from typing import Any
 
 import httpx
 import pytest
-import vllm_cpu  # scripts/, on the path once live_helpers is imported (conftest.py)
-from live_helpers import vllm_venv
+from live_helpers import smollm2, vllm_cpu, vllm_venv
 
 from spec_tot.adapters.openai_compat import create_openai
 from spec_tot.config import ExecutorConfig
 from spec_tot.graphs.math import compile_math, math_inputs
+
+__all__ = ["smollm2"]  # the fixture, imported
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("SPEC_TOT_VLLM_ROUTER") != "1",
