@@ -109,16 +109,16 @@ class Runner:
     def server(self, command: str, where: str, wait_s: float = 600) -> None:
         print(f"$ {command}   [in the background]", flush=True)
         log = self.clone / f".readme-server-{len(self.servers)}.log"
-        out = log.open("w")
-        proc = subprocess.Popen(
-            ["bash", "-c", self._prelude() + command.split(SERVER_MARK)[0]],
-            cwd=self.clone,
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        with log.open("w") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                ["bash", "-c", self._prelude() + command.split(SERVER_MARK)[0]],
+                cwd=self.clone,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
         self.servers.append((where, proc, log))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:

@@ -133,10 +133,10 @@ def start(
     ]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
     env.pop("VIRTUAL_ENV", None)
-    out = log.open("wb")
-    process = subprocess.Popen(
-        command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-    )
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     return _healthy(VllmServer(f"http://127.0.0.1:{port}", name, process, log), "vLLM", wait_s)
 
 
@@ -173,9 +173,10 @@ def start_router(
     log = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-router-{port}.log"
     command = [str(binary), "--host", "127.0.0.1", "--port", str(port),
                "--worker-urls", *workers]  # fmt: skip
-    out = log.open("wb")
-    process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)  # fmt: skip
+    with log.open("wb") as out:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     router = VllmServer(f"http://127.0.0.1:{port}", "smollm2", process, log)
     return _healthy(router, "vllm-router", wait_s)
 

@@ -30,8 +30,10 @@ class Endpoint:
     # The deadline of each request in flight here -> its due time (loop clock), so that a
     # worker found stopped releases them all at once instead of each waiting its own out.
     pending: dict[asyncio.Timeout, float] = field(default_factory=dict)
-    # The output-token budget of each request in flight here: the work ahead of a new one.
-    budgets: dict[asyncio.Timeout, int] = field(default_factory=dict)
+    # The output-token budget of each request in flight here, and their sum (kept as they
+    # come and go: a deadline reads it per request): the work ahead of a new one.
+    budgets: dict[object, int] = field(default_factory=dict)
+    queued_tokens: int = 0
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.breaker.state}, inflight={self.inflight})"
@@ -58,11 +60,19 @@ class Endpoint:
         rate = self.tokens_per_s or 1.0 / assumed_s_per_token
         return max(budget * per_token, (self.tokens_ahead(budget) + budget) / rate)
 
+    def hold(self, key: object, budget: int) -> None:
+        """A request of ``budget`` output tokens is in flight here (``key``: its own)."""
+        self.budgets[key] = budget
+        self.queued_tokens += budget
+
+    def drop(self, key: object) -> None:
+        self.queued_tokens -= self.budgets.pop(key, 0)
+
     def tokens_ahead(self, budget: int) -> float:
         """Output tokens the worker has to produce before a new request of ``budget`` is
         done: our own requests in flight here, or the server's published queue (every
         client's) at their mean budget when it is longer."""
-        own = float(sum(self.budgets.values()))
+        own = float(self.queued_tokens)
         mean = own / len(self.budgets) if self.budgets else float(budget)
         return max(own, (self.reported_queue or 0.0) * mean)
 

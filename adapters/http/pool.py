@@ -215,7 +215,7 @@ class EndpointPool:
             limit = self.deadline_s(endpoint, budget)
             timer = asyncio.timeout_at(started + limit)
             endpoint.pending[timer] = started + limit
-            endpoint.budgets[timer] = budget or 0
+            endpoint.hold(timer, budget or 0)
             self.queues.watch()
             opened = False
             try:
@@ -247,7 +247,7 @@ class EndpointPool:
                 raise
             finally:
                 endpoint.pending.pop(timer, None)
-                endpoint.budgets.pop(timer, None)
+                endpoint.drop(timer)
                 endpoint.inflight -= 1
 
     def _attempt(

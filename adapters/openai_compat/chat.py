@@ -13,6 +13,7 @@ laid out as the model was trained, with no code of the user's:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from spec_tot.errors import BackendError, ConfigError
 
 __all__ = ["ServedChat"]
 
+_log = logging.getLogger("spec_tot.backends")
 _MARK = "\u2063SPECTOTMESSAGE\u2063"  # invisible separator: never in a real template
 
 
@@ -57,12 +59,21 @@ class ServedChat:
             _, text = await self.pool.json(
                 "POST", "/detokenize", {"model": self.model, "tokens": ids}
             )
-        except BackendError:
-            return
+        except BackendError as exc:
+            text, why = None, str(exc)
+        else:
+            why = "its /tokenize reply had no single message in it"
         prompt = text.get("prompt") if isinstance(text, dict) else None
         if isinstance(prompt, str) and prompt.count(_MARK) == 1:
             before, after = prompt.split(_MARK)
             self.frame = (before, after)
+            return
+        # not silent: chat prompts then go out in a layout the model was not trained on
+        _log.warning(
+            "openai: the server's chat template is unknown (%s); chat prompts use a plain "
+            "'role: content' layout: give tokenizer=DIR (the model's folder) for its own",
+            why,
+        )
 
     def render(self, messages: Sequence[Mapping[str, str]]) -> str:
         plain = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]

@@ -58,13 +58,16 @@ def test_the_deadline_counts_the_work_ahead_on_the_worker() -> None:
     alone = pool.deadline_s(w, 96)
     assert alone == pytest.approx(30 + 4 * 96 / 18)
     for _ in range(63):  # 63 requests of 96 tokens in flight ahead of it
-        w.budgets[object()] = 96  # type: ignore[index]
+        w.hold(object(), 96)
     queued = pool.deadline_s(w, 96)
     assert queued == pytest.approx(30 + 4 * 64 * 96 / 18)  # the queue at the learned rate
     w.inflight = 32  # a batch of 32 finishing 96 tokens in 20 s: ~150 tokens/s together
     pool.observe("http://w", tokens=96, seconds=20.0)
     assert w.tokens_per_s is not None and w.tokens_per_s > 18
     assert alone < pool.deadline_s(w, 96) < queued  # a faster worker: a shorter wait
+    for key in list(w.budgets):
+        w.drop(key)
+    assert w.queued_tokens == 0 and pool.deadline_s(w, 96) < queued
 
 
 def test_the_published_queue_of_every_client_counts_too() -> None:

@@ -216,3 +216,17 @@ def test_logprobs_over_the_protocol_read_ids_through_the_tokenizer() -> None:
     assert logprobs_asked(plain, None) == 0
     (only,) = parse_logprobs(block, plain, None)
     assert only.token_id == -1 and only.top == () and only.given == ()
+
+
+async def test_an_unknown_chat_template_is_said_not_hidden(
+    server: FakeOpenAI, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server without vLLM's /tokenize: chat prompts fall back to a plain layout, and the
+    backend says so (the model was not trained on it)."""
+    b = backend([server.url])
+    with caplog.at_level("WARNING", logger="spec_tot.backends"):
+        await b.start()
+    assert b.chat.frame is None
+    assert any("tokenizer=DIR" in r.getMessage() for r in caplog.records)
+    assert b.render_chat([{"role": "user", "content": "hi"}]) == "user: hi\nassistant:"
+    await b.aclose()

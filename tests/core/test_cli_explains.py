@@ -18,18 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 from engine_fixtures import tiny_llama
+from test_cli import invoke  # one helper for every CLI test
 
-from spec_tot import cli
 from spec_tot.config import MODES
 from spec_tot.policies import POLICY_NAMES
 
 __all__ = ["tiny_llama"]
-
-
-def invoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = cli.run_cli(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def flat(text: str) -> str:
