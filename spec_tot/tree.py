@@ -7,13 +7,18 @@ Node ids are hierarchical: the root is the query id (``q3``), child ``i`` of nod
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 from spec_tot.errors import ConfigError, IllegalTransition
+from spec_tot.tree_node import (
+    Aggregation,
+    Node,
+    NodeStatus,
+    aggregate_scores,
+    node_dict,
+    predicted_reward,
+)
 
 __all__ = [
     "Aggregation",
@@ -23,133 +28,6 @@ __all__ = [
     "aggregate_scores",
     "predicted_reward",
 ]
-
-Aggregation = Literal["last", "min", "prod"]
-
-
-class NodeStatus(Enum):
-    PENDING = "pending"  # created, not yet sent to a backend
-    RUNNING = "running"  # committed generation in flight
-    SPECULATIVE = "speculative"  # speculative generation in flight or finished, not adopted
-    DONE = "done"  # generated, waiting for its reward
-    SCORED = "scored"  # reward known
-    PRUNED = "pruned"  # dropped by the policy or by early pruning
-    CANCELLED = "cancelled"  # aborted (failed, cancelled or mis-speculated)
-
-    @property
-    def final(self) -> bool:
-        return self in (NodeStatus.SCORED, NodeStatus.PRUNED, NodeStatus.CANCELLED)
-
-
-def aggregate_scores(step_scores: Sequence[float], how: Aggregation) -> float:
-    """Collapse a PRM's per-step scores into one node score (search-and-learn's options)."""
-    if not step_scores:
-        return 0.0
-    if how == "last":
-        return float(step_scores[-1])
-    if how == "min":
-        return float(min(step_scores))
-    if how == "prod":
-        return float(math.prod(step_scores))
-    raise ConfigError("aggregation", f"must be 'last', 'min' or 'prod', got {how!r}")
-
-
-def predicted_reward(node: Node) -> float:
-    """``node``'s reward, or while it is pending a prediction: the mean reward of its scored
-    siblings, else its parent's (predicted) reward, else 0.5."""
-    while True:
-        if node.reward is not None:
-            return node.reward
-        parent = node.parent
-        if parent is None:
-            return 0.5
-        scored = [c.reward for c in parent.children if c.reward is not None]
-        if scored:
-            return sum(scored) / len(scored)
-        node = parent
-
-
-@dataclass(slots=True, eq=False)
-class Node:
-    id: str
-    parent: Node | None
-    depth: int
-    status: NodeStatus = NodeStatus.PENDING
-    text: str = ""
-    token_ids: tuple[int, ...] = ()
-    num_tokens: int = 0
-    step_scores: tuple[float, ...] = ()
-    reward: float | None = None
-    terminal: bool = False
-    answer: str | None = None
-    # Graph state after this node's segment, and the graph node to resume from (its *walk*).
-    state: dict[str, Any] = field(default_factory=dict)
-    resume_at: str | None = None
-    speculative: bool = False
-    # The walk past the reward edge. ``walk_version`` counts the walks (0: none yet); a walk
-    # may be *provisional* (taken with the predicted reward ``provisional`` while the real
-    # score is pending, so that children can start early), and is *final* once the real
-    # reward is in and it derives from the parent's final walk (``base_version`` is the
-    # parent's walk it derives from). Tools run only on final walks.
-    walk_version: int = 0
-    base_version: int = 0
-    final: bool = False
-    provisional: float | None = None
-    discarded_tokens: int = 0  # generated for a prompt that changed, then regenerated
-    # MCTS statistics.
-    visits: int = 0
-    value_sum: float = 0.0
-    children: list[Node] = field(default_factory=list)
-    # The canonical tie key: the child indices along the id path (``q/0/3`` -> (0, 3)).
-    # Ties break on it, never on creation order, which speculation changes.
-    key: tuple[int, ...] = ()
-
-    @property
-    def value(self) -> float:
-        return self.value_sum / self.visits if self.visits else 0.0
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
-    @property
-    def known(self) -> bool:
-        """SCORED, or it has a walk (final or provisional) and is neither pruned nor
-        cancelled: its continuation could start."""
-        return self.status is NodeStatus.SCORED or (
-            self.walk_version > 0 and self.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)
-        )
-
-    @property
-    def current(self) -> bool:
-        """Its walk derives from its parent's latest walk."""
-        return self.parent is None or self.base_version == self.parent.walk_version
-
-    @property
-    def live_children(self) -> list[Node]:
-        return [
-            c for c in self.children if c.status not in (NodeStatus.PRUNED, NodeStatus.CANCELLED)
-        ]
-
-    def path(self) -> list[Node]:
-        """Nodes from the root's first child down to this node (the root holds no thought)."""
-        out: list[Node] = []
-        node: Node | None = self
-        while node is not None and node.parent is not None:
-            out.append(node)
-            node = node.parent
-        out.reverse()
-        return out
-
-    def steps(self) -> tuple[str, ...]:
-        return tuple(n.text for n in self.path())
-
-    def subtree(self) -> Iterator[Node]:
-        stack = [self]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(reversed(node.children))
 
 
 class SearchTree:
@@ -162,6 +40,11 @@ class SearchTree:
     state does not allow (``IllegalTransition``). A node is speculative from its creation
     until adopted, whatever its status (``SPECULATIVE`` while it runs or waits, ``CANCELLED``
     once cancelled): ``speculative`` says which search it belongs to, ``status`` where it is.
+
+    Every other field is the tree's to assign too: what a node's run finds (``generated``,
+    ``discard_tokens``, ``set_reward``, ``walked``, ``derive_from``), the root's entry walk
+    (``set_entry``) and MCTS statistics (``add_visits``, ``set_value_sum``). Executors and
+    policies report; they never write a node (``tests/core/test_ownership.py`` guards it).
     """
 
     def __init__(self, query_id: str, question: str, state: dict[str, Any] | None = None) -> None:
@@ -247,6 +130,65 @@ class SearchTree:
             return
         to = NodeStatus.SPECULATIVE if node.speculative else NodeStatus.RUNNING
         self._move(node, "revive", to, {NodeStatus.CANCELLED})
+
+    # -- what a node's run finds (the executor reports it, the tree records it) -----------
+    def set_entry(self, resume: str | None, state: dict[str, Any]) -> None:
+        """The root's walk from the graph's entry reached ``resume`` with ``state``."""
+        self.root.state, self.root.resume_at = state, resume
+
+    def derive_from(self, node: Node, version: int) -> None:
+        """``node``'s run derives from its parent's walk ``version``."""
+        node.base_version = version
+
+    def generated(self, node: Node, tokens: int, first: tuple[str, tuple[int, ...]] | None) -> None:
+        """One request of ``node``'s run returned ``tokens`` tokens; ``first``: the text and
+        token ids of its first thought (the node's own)."""
+        node.num_tokens += tokens
+        if first is not None:
+            node.text, node.token_ids = first
+
+    def discard_tokens(self, node: Node, tokens: int) -> None:
+        """``tokens`` generated for a prompt that changed (wasted, generated again)."""
+        node.discarded_tokens += tokens
+
+    def set_reward(
+        self, node: Node, step_scores: tuple[float, ...] | None, how: Aggregation
+    ) -> None:
+        """``node``'s reward: its scores aggregated, or none (None: it waits for one)."""
+        node.step_scores = step_scores or ()
+        node.reward = None if step_scores is None else aggregate_scores(step_scores, how)
+
+    def walked(
+        self,
+        node: Node,
+        resume: str | None,
+        state: dict[str, Any],
+        answer: str | None,
+        *,
+        provisional: float | None = None,
+    ) -> None:
+        """``node``'s walk past its reward edge reached ``resume`` (None: terminal) with
+        ``state``; a walk ahead of the real score carries its ``provisional`` guess. It is
+        final once the real reward is in and it derives from its parent's final walk."""
+        node.state, node.resume_at, node.terminal = state, resume, resume is None
+        node.answer = answer if node.terminal else None
+        node.walk_version += 1
+        if provisional is not None:
+            node.provisional = provisional
+        parent = node.parent
+        node.final = (
+            provisional is None
+            and node.reward is not None
+            and (parent is None or (node.current and parent.final))
+        )
+
+    def add_visits(self, node: Node, visits: int, value: float) -> None:
+        """MCTS statistics: ``visits`` more visits worth ``value`` in all."""
+        node.visits += visits
+        node.value_sum += value
+
+    def set_value_sum(self, node: Node, value_sum: float) -> None:
+        node.value_sum = value_sum
 
     def _move(
         self,
@@ -334,20 +276,5 @@ class SearchTree:
         return {
             "query_id": self.query_id,
             "question": self.question,
-            "nodes": [
-                {
-                    "id": n.id,
-                    "parent": n.parent.id if n.parent else None,
-                    "depth": n.depth,
-                    "status": n.status.value,
-                    "text": n.text,
-                    "reward": n.reward,
-                    "terminal": n.terminal,
-                    "answer": n.answer,
-                    "visits": n.visits,
-                    "value": n.value,
-                    "speculative": n.speculative,
-                }
-                for n in self._nodes.values()
-            ],
+            "nodes": [node_dict(n) for n in self._nodes.values()],
         }

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.controller import QueryController, QueryOutcome, record_for
-from spec_tot.executor.dispatcher import Dispatcher, Offer
+from spec_tot.executor.dispatcher import ClientRules, Dispatcher, Offer
 from spec_tot.executor.hub import BackendHub, hub_for
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_scorer import call_scorer, check_score
 
 __all__ = [
     "BackendHub",
+    "ClientRules",
     "Dispatcher",
     "Offer",
     "QueryContext",

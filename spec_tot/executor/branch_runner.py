@@ -188,21 +188,16 @@ class BranchRunner:
                 self._changed()
 
     # -- walks --------------------------------------------------------------------------------
-    def set_walk(self, node: Node, resume: str | None, state: State, *, provisional: bool) -> None:
+    def set_walk(
+        self, node: Node, resume: str | None, state: State, *, provisional: float | None = None
+    ) -> None:
         """``node`` walked past its reward edge (with its real reward, or ahead with a
-        provisional one): record it; its children derive again; a final walk opens the
-        tool barriers of the branches below it."""
+        ``provisional`` one): the tree records it; its children derive again; a final walk
+        opens the tool barriers of the branches below it."""
         ctx = self.ctx
-        node.state, node.resume_at, node.terminal = state, resume, resume is None
-        node.answer = ctx.answer_fn(state) if node.terminal else None
-        node.walk_version += 1
-        parent = node.parent
-        node.final = (
-            not provisional
-            and node.reward is not None
-            and (parent is None or (node.current and parent.final))
-        )
-        if not provisional:
+        answer = ctx.answer_fn(state) if resume is None else None
+        ctx.tree.walked(node, resume, state, answer, provisional=provisional)
+        if provisional is None:
             ctx.emit(
                 "scored",
                 node,

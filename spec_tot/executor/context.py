@@ -34,8 +34,8 @@ class QueryContext:
     config: ExecutorConfig
     answer_fn: Callable[[State], str | None]
     seed: int  # the query's base seed: every request's seed derives from it and the node id
-    # The backend's speculation dispatcher: it sees every request on the backend; it
-    # decides this query's speculation (T2) only when ``spec.budget`` is on.
+    # The backend's speculation dispatcher: it sees every request on the backend and
+    # admits every speculative launch (priced by T2 only when ``spec.budget`` is on).
     dispatcher: Dispatcher
     on_event: EventSink | None = None
     errors: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.branch_runner import BranchRunner
 from spec_tot.executor.context import QueryContext
-from spec_tot.executor.dispatcher import Offer
+from spec_tot.executor.dispatcher import ClientRules, Offer
 from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
 from spec_tot.metrics import QueryRecord
 from spec_tot.nodes import GraphNode
@@ -53,9 +53,17 @@ class QueryController:
         self._speculate_soon = False
         self._offers: dict[str, Offer] = {}  # speculative child -> the offer it launched as
         self._mean_tokens = 0.0  # moving average of a finished node's tokens
-        # Without T2 a prediction still asks for no more than one saturated batch: MCTS
-        # prediction simulates a selection per slot, and its CPU cost grows with the ask.
-        self._predict_cap = ctx.backend.capabilities.saturation_batch
+        # The dispatcher admits every launch of this query. Without T2 a prediction still
+        # asks for no more than one saturated batch: MCTS prediction simulates a selection
+        # per slot, and its CPU cost grows with the ask.
+        spec = self.spec
+        rules = ClientRules(
+            priced=spec.budget,
+            max_sequences=0 if spec.speculate == "off" else spec.max_speculative_per_query,
+            max_level=spec.max_spec_depth,
+            max_ask=ctx.backend.capabilities.saturation_batch,
+        )
+        ctx.dispatcher.join(ctx.query_id, rules)
 
     # -- the consumer loop --------------------------------------------------------------------
     async def run(self) -> QueryOutcome:
@@ -74,11 +82,11 @@ class QueryController:
         ctx, root = self.ctx, self.tree.root
         try:
             entry = ctx.graph.entry(root.state)
-            resume, root.state = await ctx.graph.walk_to_thought(entry, root.state, _no_wait)
+            resume, state = await ctx.graph.walk_to_thought(entry, root.state, _no_wait)
         except Exception as exc:
             ctx.errors.append(f"{root.id}: {type(exc).__name__}: {exc}")
             return
-        root.resume_at = resume
+        self.tree.set_entry(resume, state)
         if resume is None:
             ctx.errors.append("the graph reached END before any thought node")
             return
@@ -182,41 +190,26 @@ class QueryController:
         self._speculate()
 
     def _speculate(self) -> None:
-        """Predict, and offer each predicted child to the backend's dispatcher (T2), which
-        launches it now or when room frees while it is worth its cost; without T2, start
-        them all at once (up to ``max_speculative_per_query``)."""
-        ctx, spec = self.ctx, self.spec
-        if spec.speculate == "off" or ctx.closed:
+        """Predict as many children as the backend's dispatcher asks for, and offer them
+        to it: it launches each now or when room frees while it is worth its cost (T2), or,
+        without T2, all at once up to this query's cap."""
+        ctx = self.ctx
+        if ctx.closed:
             return
-        room = spec.max_speculative_per_query - self.branches.speculative_generating()
-        ask = min(room, self._predict_cap)
-        if spec.budget:
-            # Prediction's CPU grows with the ask: ask only for the room there is now (a
-            # full engine's predictions took CPU the engine and PRM needed: REST-MCTS*).
-            ask = min(ask, ctx.dispatcher.room())
-        if spec.budget and ask > 0:
-            # No prediction at all while no offer could pay at this load (its CPU is the
-            # engine's and the PRM's on a small host).
-            tokens, reward_s = self._mean_tokens or 1.0, ctx.rewards.item_s
-            ask = ask if ctx.dispatcher.could_pay(self.policy.name, tokens, reward_s) else 0
+        tokens, reward_s = self._mean_tokens or 1.0, ctx.rewards.item_s
+        ask = ctx.dispatcher.asks(ctx.query_id, self.policy.name, tokens, reward_s)
         if ask <= 0:
-            if spec.budget:
-                ctx.dispatcher.withdraw(ctx.query_id)
             return
         predicted = self.policy.predictions(self.tree, ask)
-        if spec.speculate == "all":
+        if self.spec.speculate == "all":
             predicted = iter(_every_known_candidate(self.policy, self._round, list(predicted)))
-        offers = self._offers_for(predicted)
-        if spec.budget:
-            ctx.dispatcher.offer(ctx.query_id, offers[:room])
-            return
-        for offer in offers[:room]:
-            offer.launch(offer)
+        ctx.dispatcher.offer(ctx.query_id, self._offers_for(predicted))
 
     def _offers_for(self, predicted: Iterator[Candidate]) -> list[Offer]:
-        """The offers of the predicted children, pulled best first; under T2 the pulling
-        stops at the first candidate the dispatcher would not launch now (later ones are
-        less likely still, and an MCTS prediction costs a simulated selection each)."""
+        """The offers of the predicted children, pulled best first; the pulling stops at
+        the first candidate the dispatcher would not launch now (later ones are less likely
+        still, and an MCTS prediction costs a simulated selection each)."""
+        dispatcher, client = self.ctx.dispatcher, self.ctx.query_id
         offers: list[Offer] = []
         for c in predicted:
             parent = self.tree.get(c.parent_id)
@@ -225,10 +218,10 @@ class QueryController:
             # ``c.width`` is what the node lacks; it must still lack it now
             width = min(c.width, startable_width(parent, len(parent.children) + c.width))
             level = _level(parent) + 1
-            if width <= 0 or level > self.spec.max_spec_depth:
+            if width <= 0 or not dispatcher.reaches(client, level):
                 continue
             offer = self._offer(parent, level, len(parent.children) + width, c.utility)
-            if self.spec.budget and self.ctx.dispatcher.value(offer) <= 0:
+            if not dispatcher.worth(client, offer):
                 break
             offers.extend([offer] * width)
         return offers
@@ -241,8 +234,9 @@ class QueryController:
         return Offer(self.policy.name, level, tokens, launch, reward_s=reward_s, confidence=utility)
 
     def _launch(self, parent: Node, target: int, offer: Offer) -> bool:
-        """Start one speculative child of ``parent`` if it still lacks one (up to ``target``
-        children) and this query may still speculate."""
+        """Start one speculative child of ``parent`` (admitted by the dispatcher) if it is
+        still wanted: the query runs, the parent is live and still lacks it (up to
+        ``target`` children), and the tree has room for it."""
         ctx = self.ctx
         if (
             ctx.closed
@@ -251,7 +245,6 @@ class QueryController:
             or self.branches.killed(parent)
             or len(parent.children) >= target
             or startable_width(parent, len(parent.children) + 1) < 1
-            or self.branches.speculative_generating() >= self.spec.max_speculative_per_query
             or len(self.tree) >= ctx.config.max_nodes
         ):
             return False
@@ -263,12 +256,12 @@ class QueryController:
     def steering(self) -> bool:
         """Whether an early score would steer this query's speculation now: it speculates,
         and has speculative work running or room to start some."""
-        ctx, spec = self.ctx, self.spec
-        if spec.speculate == "off" or ctx.closed:
+        ctx = self.ctx
+        if ctx.closed:
             return False
         if self.branches.speculative_generating():
             return True
-        return not spec.budget or ctx.dispatcher.room() > 0
+        return ctx.dispatcher.steers(ctx.query_id)
 
     # -- the end ------------------------------------------------------------------------------
     async def _shutdown(self) -> None:

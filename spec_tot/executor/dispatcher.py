@@ -28,79 +28,52 @@ less committed and speculative sequences in flight); freed room anywhere wakes i
 polling), and each event costs O(log Q) heap work. Committed load is the in-process count
 or, when the backend reports its serving engine's load, that figure less this process's
 speculation, whichever is larger: client processes on one server share its room.
+
+Every launch decision of every client is the dispatcher's: a client joins with its
+``ClientRules`` (priced or not, its own caps, whether a busy process holds it back) and asks
+the gates below (``asks``, ``reaches``, ``worth``, ``offer``, ``try_start``, ``grant``,
+``steers``, ``quiet``); it never compares a room, a value or a cap itself.
 """
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
+from spec_tot.executor.cpu_meter import CpuMeter
+from spec_tot.executor.offer_queue import OfferQueue, Wakeups
+from spec_tot.executor.offers import HitRates, Offer
 from spec_tot.executor.step_curve import StepCurve
 
-__all__ = ["Dispatcher", "HitRates", "Offer", "StepCurve"]
-
-_MAX_LEVEL = 8  # levels past this share one hit rate
-_BANDS = 4  # confidence bands of the predictor's own estimate
-_RATE_WINDOW = 512  # hit-rate counts halve past this many launches: recent behaviour wins
+__all__ = ["ClientRules", "Dispatcher", "HitRates", "Offer", "StepCurve"]
 
 
 @dataclass(frozen=True, slots=True)
-class Offer:
-    """One speculative sequence a client could start. ``launch(offer)`` starts it now and
-    says whether it did (False: no longer wanted, e.g. its parent went away)."""
+class ClientRules:
+    """How one client's speculation is admitted (``Dispatcher.join``).
 
-    kind: str
-    level: int
-    tokens: float
-    launch: Callable[[Offer], bool]
-    saved_s: float = 0.0  # critical-path seconds a hit saves besides its generation
-    reward_s: float = 0.0  # reward seconds scoring it costs (wasted on a miss)
-    waste_s: float = 0.0  # the process's CPU seconds its own run costs (wasted on a miss)
-    confidence: float = 1.0  # the predictor's own estimate that it is needed, in [0, 1]
+    - ``priced``: SPEX T2, each launch only while worth its cost and while there is room;
+      False (no budget: ``naive``, or a mode without T2) launches every offer at once, up to
+      the caps;
+    - ``max_sequences``: its speculative sequences in flight at once (0: it never speculates);
+    - ``max_level``: how many levels below committed work it may run ahead;
+    - ``max_ask``: predictions asked per pass (a prediction's CPU grows with the ask);
+    - ``max_cpu_share``, ``max_lag_s``: no launch while the process's CPU time per wall
+      second is above the one, or the client's event loop runs later than the other (a
+      LangGraph run: its own Python, LangChain's, runs on the loop committed work uses;
+      above about one core the process's Python is the bottleneck)."""
 
-    @property
-    def slot(self) -> tuple[str, int, int]:
-        """Where its hit rate is learnt: kind, level, confidence band."""
-        band = min(_BANDS - 1, max(0, int(self.confidence * _BANDS)))
-        return self.kind, min(max(self.level, 0), _MAX_LEVEL), band
+    priced: bool = True
+    max_sequences: int | None = None
+    max_level: int | None = None
+    max_ask: int | None = None
+    max_cpu_share: float | None = None
+    max_lag_s: float | None = None
 
 
-@dataclass
-class HitRates:
-    """Adopted / launched per slot (``Offer.slot``), halved past ``_RATE_WINDOW`` launches."""
-
-    counts: dict[tuple[str, int, int], list[float]] = field(default_factory=dict)
-
-    def _counts(self, slot: tuple[str, int, int]) -> list[float]:
-        counts = self.counts.get(slot)
-        if counts is None:
-            counts = self.counts[slot] = [0.0, 0.0]
-        return counts
-
-    def rate(self, slot: tuple[str, int, int]) -> float:
-        launched, hits = self._counts(slot)
-        return (hits + 1.0) / (launched + 2.0)
-
-    def launched(self, slot: tuple[str, int, int]) -> None:
-        counts = self._counts(slot)
-        counts[0] += 1
-        if counts[0] > _RATE_WINDOW:
-            counts[0] /= 2
-            counts[1] /= 2
-
-    def hit(self, slot: tuple[str, int, int]) -> None:
-        counts = self._counts(slot)
-        counts[1] = min(counts[0], counts[1] + 1)
-
-    def best(self, kind: str) -> float:
-        """The best rate among ``kind``'s slots, at least the prior's even odds (most of its
-        slots are never tried)."""
-        return max([0.5, *(self.rate(slot) for slot in self.counts if slot[0] == kind)])
+_ANY = ClientRules()
 
 
 class Dispatcher:
@@ -118,6 +91,7 @@ class Dispatcher:
         self.clock = clock  # thread CPU: what a launch costs the executor
         self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
+        self.cpu = CpuMeter()
         self.local_committed = 0
         self.speculative: dict[str, int] = {}
         self.speculating = 0  # sum(speculative.values()), kept: rows() runs per event
@@ -125,13 +99,9 @@ class Dispatcher:
         self.launches = 0
         self.cpu_s = 0.0  # moving average of one launch's executor CPU
         self.mean_tokens = 0.0  # moving average of a committed request's tokens
-        self._heap: list[tuple[float, int, str, int, Offer]] = []
-        self._generation: dict[str, int] = {}  # client -> generation of its live offers
-        self._live: dict[str, int] = {}  # client -> offers of that generation in the heap
-        self._seq = itertools.count()
-        self._draining = False
-        self._again = False
-        self._waiters: list[asyncio.Future[None]] = []
+        self._rules: dict[str, ClientRules] = {}
+        self._queue = OfferQueue()
+        self._wakeups = Wakeups()
 
     # -- load -----------------------------------------------------------------------------
     @property
@@ -200,104 +170,146 @@ class Dispatcher:
 
     def could_pay(self, kind: str, tokens: float, reward_s: float = 0.0) -> bool:
         """Whether an offer of ``kind`` could have value now at the best odds it may have
-        (its best slot, or even odds for a slot not tried yet): a client asks before it
-        spends CPU predicting (an MCTS prediction simulates selections from the root)."""
+        (its best slot, or even odds for a slot not tried yet)."""
         best = self.rates.best(kind)
         return self.value(Offer(kind, 0, tokens, _never, reward_s=reward_s), best) > 0
 
-    # -- the queue ------------------------------------------------------------------------
-    def offer(self, client: str, offers: list[Offer]) -> None:
-        """Replace ``client``'s queued candidates with ``offers`` and launch what fits."""
-        generation = self._generation.get(client, 0) + 1
-        self._generation[client] = generation
-        self._live[client] = len(offers)
-        for offer in offers:
-            entry = (-self.value(offer), next(self._seq), client, generation, offer)
-            heapq.heappush(self._heap, entry)
-        self._compact()
+    # -- the gates ------------------------------------------------------------------------
+    def join(self, client: str, rules: ClientRules) -> None:
+        """``client``'s launches follow ``rules`` from now on (until ``forget``)."""
+        self._rules[client] = rules
+
+    def rules(self, client: str) -> ClientRules:
+        return self._rules.get(client, _ANY)  # a client that never joined: priced, no caps
+
+    def _left(self, client: str) -> int:
+        """The sequences ``client`` may still start under its own cap."""
+        cap = self.rules(client).max_sequences
+        return self.capacity if cap is None else cap - self.speculative.get(client, 0)
+
+    def asks(self, client: str, kind: str, tokens: float, reward_s: float = 0.0) -> int:
+        """How many predictions ``client`` should make now: what its cap leaves, at most
+        its ``max_ask``; priced, only the room there is now, and none at all while no offer
+        of ``kind`` could pay at this load (predicting costs the CPU the engine and the
+        reward model need on a small host). At 0 its queued offers are withdrawn."""
+        rules = self.rules(client)
+        ask = self._left(client)
+        if rules.max_ask is not None:
+            ask = min(ask, rules.max_ask)
+        if rules.priced:
+            ask = min(ask, self.room())
+            if ask > 0 and not self.could_pay(kind, tokens, reward_s):
+                ask = 0
+            if ask <= 0:
+                self.withdraw(client)
+        return max(ask, 0)
+
+    def reaches(self, client: str, level: int) -> bool:
+        """Whether ``client`` may run ``level`` levels below its committed work."""
+        cap = self.rules(client).max_level
+        return cap is None or level <= cap
+
+    def worth(self, client: str, offer: Offer) -> bool:
+        """Whether ``offer`` would launch now on its value (always, unpriced)."""
+        return not self.rules(client).priced or self.value(offer) > 0
+
+    def steers(self, client: str) -> bool:
+        """Whether a launch of ``client``'s could be admitted now (room, or unpriced)."""
+        rules = self.rules(client)
+        if self._left(client) <= 0:
+            return False
+        return not rules.priced or self.room() > 0
+
+    def quiet(self, client: str, lag_s: float = 0.0) -> bool:
+        """Whether the process has idle time for ``client``'s speculation: its CPU is not
+        busy and (``lag_s``, how late the client's loop runs) its loop keeps time."""
+        rules = self.rules(client)
+        if rules.max_lag_s is not None and lag_s > rules.max_lag_s:
+            return False
+        return rules.max_cpu_share is None or self.cpu.share() <= rules.max_cpu_share
+
+    def offer(self, client: str, offers: Sequence[Offer]) -> None:
+        """Replace ``client``'s queued candidates with ``offers`` and launch what fits;
+        unpriced, launch them all now (up to its cap)."""
+        if not self.rules(client).priced:
+            for offer in offers:
+                if self._left(client) <= 0:
+                    return
+                offer.launch(offer)
+            return
+        self._queue.push(client, offers, self.value)
         self._drain()
 
-    def try_start(self, client: str, offer: Offer) -> bool:
-        """Admit ``offer`` now, outside the queue, if it has positive value, there is room,
-        and no queued candidate is worth more (they go first). The caller starts it and
-        counts its sequences with ``started``."""
+    def try_start(
+        self,
+        client: str,
+        offer: Offer,
+        *,
+        lag_s: float = 0.0,
+        caps: Iterable[tuple[int, int | None]] = (),
+    ) -> bool:
+        """Admit ``offer`` now, outside the queue: the process is ``quiet``, every
+        (held, limit) pair of ``caps`` (the client's own counts) has room, the backend has
+        room, and it has positive value with no queued candidate worth more (they go
+        first). The caller starts it and counts its sequences with ``started``."""
+        if not self.quiet(client, lag_s) or self._left(client) <= 0:
+            return False
+        if any(limit is not None and held >= limit for held, limit in caps):
+            return False
         self._drain()
         value = self.value(offer)
-        if self.room() <= 0 or value <= 0 or -self._best_queued() > value:
+        if self.room() <= 0 or value <= 0 or self._queue.best_value() > value:
             return False
         self._launched(offer)
         return True
 
+    def grant(self, client: str, want: int) -> int:
+        """Start up to ``want`` sequences of an admitted task of ``client``'s as room allows;
+        returns how many (the caller ends them with ``finished``)."""
+        granted = max(0, min(want, self.room(), self._left(client)))
+        if granted:
+            self.started(client, granted)
+        return granted
+
     def withdraw(self, client: str) -> None:
-        self._generation[client] = self._generation.get(client, 0) + 1
-        self._live.pop(client, None)
+        self._queue.withdraw(client)
 
     def forget(self, client: str) -> None:
-        """``client`` ended: its candidates go, its sequences are no longer counted."""
-        self.withdraw(client)
-        self._generation.pop(client, None)
+        """``client`` ended: its candidates and rules go, its sequences are not counted."""
+        self._queue.forget(client)
+        self._rules.pop(client, None)
         held = self.speculative.pop(client, 0)
         self.speculating -= held
         if held:
             self._freed()
 
     def queued(self) -> int:
-        return sum(self._live.values())
+        return self._queue.queued()
 
     async def wait_room(self) -> None:
         """Until room frees anywhere on this backend (returns at once if there is some)."""
-        if self.room() > 0:
-            return
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        try:
-            await future
-        finally:
-            if future in self._waiters:
-                self._waiters.remove(future)
+        if self.room() <= 0:
+            await self._wakeups.wait()
 
     def _freed(self) -> None:
-        if self.room() <= 0:
-            return
-        self._drain()
-        waiters, self._waiters = self._waiters, []
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
-
-    def _valid(self, client: str, generation: int) -> bool:
-        return self._generation.get(client) == generation
-
-    def _best_queued(self) -> float:
-        while self._heap and not self._valid(self._heap[0][2], self._heap[0][3]):
-            heapq.heappop(self._heap)
-        return self._heap[0][0] if self._heap else math.inf
+        if self.room() > 0:
+            self._drain()
+            self._wakeups.wake_all()
 
     def _drain(self) -> None:
-        # A launch can free or take room (and so call back here): one drain at a time,
-        # again if something changed during it.
-        if self._draining:
-            self._again = True
-            return
-        self._draining = True
-        try:
-            self._again = True
-            while self._again:
-                self._again = False
-                self._drain_once()
-        finally:
-            self._draining = False
+        self._queue.drain(self._drain_once)
 
     def _drain_once(self) -> None:
-        while self.room() > 0 and self._heap:
-            _, seq, client, generation, offer = heapq.heappop(self._heap)
-            if not self._valid(client, generation):
-                continue
-            self._live[client] -= 1
+        while self.room() > 0:
+            popped = self._queue.pop()
+            if popped is None:
+                return
+            client, offer, seq, generation = popped
+            if self._left(client) <= 0:
+                continue  # its cap is reached: this offer is dropped
             value = self.value(offer)
             if value <= 0:  # the best is worth nothing now: wait for the load to change
-                self._live[client] += 1
-                heapq.heappush(self._heap, (-value, seq, client, generation, offer))
+                self._queue.put_back(client, offer, seq, generation, value)
                 return
             before = self.clock()
             launched = offer.launch(offer)
@@ -314,13 +326,6 @@ class Dispatcher:
     def _launched(self, offer: Offer) -> None:
         self.launches += 1
         self.rates.launched(offer.slot)
-
-    def _compact(self) -> None:
-        """Drop superseded entries once they outnumber the live ones 4 to 1 (each offer
-        supersedes its client's earlier ones), so the heap stays O(live)."""
-        if len(self._heap) > 64 + 4 * self.queued():
-            self._heap = [e for e in self._heap if self._valid(e[2], e[3])]
-            heapq.heapify(self._heap)
 
 
 def _never(_offer: Offer) -> bool:

@@ -23,7 +23,7 @@ from spec_tot.errors import ExecutionError
 from spec_tot.executor.context import QueryContext
 from spec_tot.nodes import END, GraphNode, NodeKind, State
 from spec_tot.requests import FinishReason, GenerateRequest, Priority, RewardItem
-from spec_tot.tree import Node, aggregate_scores, predicted_reward
+from spec_tot.tree import Node, predicted_reward
 
 __all__ = ["Cancelled", "Memo", "Replay", "Segment", "SegmentHost"]
 
@@ -59,7 +59,7 @@ class SegmentHost(Protocol):
     def final_event(self, node: Node) -> asyncio.Event: ...
     def committed_event(self, node: Node) -> asyncio.Event: ...
     def set_walk(
-        self, node: Node, resume: str | None, state: State, *, provisional: bool
+        self, node: Node, resume: str | None, state: State, *, provisional: float | None = None
     ) -> None: ...
 
 
@@ -83,7 +83,8 @@ class Segment:
         ctx, graph, node = self.ctx, self.ctx.graph, self.node
         parent = node.parent
         assert parent is not None
-        version = node.base_version = parent.walk_version
+        version = parent.walk_version
+        ctx.tree.derive_from(node, version)
         if parent.resume_at is None:
             raise Cancelled  # the parent's walk ends here (its children are detached)
         position, state, first, steps = parent.resume_at, parent.state, True, 0
@@ -110,7 +111,7 @@ class Segment:
         reward_node = graph.nodes[position]
         item, scorer = ctx.rewards.prepare(ctx.query_id, node.id, reward_node, state)
         if self.memo.scored is None or self.memo.scored[0] != item:
-            node.reward = None
+            ctx.tree.set_reward(node, None, ctx.policy.aggregation)
             await self._walk_ahead(position, state, item, version)
             self.runner.release_slot(node)  # waiting for a score uses no engine capacity
             scores = await ctx.rewards.score(
@@ -123,14 +124,14 @@ class Segment:
             self.memo.scored = (item, scores)
             self._check(version)
         scores = self.memo.scored[1]
-        node.step_scores = scores
-        node.reward = aggregate_scores(scores, ctx.policy.aggregation)
+        ctx.tree.set_reward(node, scores, ctx.policy.aggregation)
+        assert node.reward is not None  # set from the scores just now
         state = {**state, "reward": node.reward, "step_scores": scores}
         resume, state = await graph.walk_to_thought(
             graph.next(position, state), state, lambda tool: self.tool_barrier(tool, version)
         )
         self._check(version)
-        self.runner.set_walk(node, resume, state, provisional=False)
+        self.runner.set_walk(node, resume, state)
 
     async def _thought(self, gnode: GraphNode, state: State, *, first: bool) -> str:
         assert gnode.prompt is not None
@@ -139,7 +140,7 @@ class Segment:
         if known is not None and known[0] == prompt:
             return known[1]
         if known is not None:  # its prompt changed: the old text is wasted
-            self.node.discarded_tokens += known[2]
+            self.ctx.tree.discard_tokens(self.node, known[2])
         text, tokens = await self._generate(gnode, prompt, first=first)
         self.memo.texts[gnode.name] = (prompt, text, tokens)
         return text
@@ -173,11 +174,11 @@ class Segment:
                 ctx.dispatcher.committed_finished(rows, time.perf_counter() - started, tokens)
             runner.release_slot(node)
         completion = result.completions[0]
-        node.num_tokens += completion.num_tokens
         if completion.finish_reason is FinishReason.ABORT or runner.killed(node):
+            ctx.tree.generated(node, completion.num_tokens, None)
             raise Cancelled
-        if first:
-            node.text, node.token_ids = completion.text, completion.token_ids
+        own = (completion.text, completion.token_ids) if first else None
+        ctx.tree.generated(node, completion.num_tokens, own)
         return completion.text, completion.num_tokens
 
     async def tool_barrier(self, tool: GraphNode, version: int) -> None:
@@ -217,5 +218,4 @@ class Segment:
             return
         if walk is None or node.parent is None or node.parent.walk_version != version:
             return
-        node.provisional = guess
-        self.runner.set_walk(node, walk[0], walk[1], provisional=True)
+        self.runner.set_walk(node, walk[0], walk[1], provisional=guess)

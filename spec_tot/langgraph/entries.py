@@ -186,18 +186,18 @@ class EntryTable:
             entry.cancelled = True
             return True
 
-    def under_limit(self, limit: int | None) -> bool:
-        """Whether one more speculative run keeps the run within ``limit`` (its
-        ``max_concurrency``): the real step's unfinished tasks (running, or waiting for
-        LangGraph's slots) and the speculative runs not yet ended count against it."""
+    def in_flight(self) -> int:
+        """What counts against the run's ``max_concurrency``: the real step's unfinished
+        tasks (running, or waiting for LangGraph's slots) and the speculative runs not yet
+        ended."""
         view = self.view
-        if limit is None or view is None:
-            return True
+        if view is None:
+            return 0
         unfinished = len(view.tasks) - len(view.finished_writes())
         ahead = sum(
             1 for e in self.live() if e.future is not None and not e.future.done() and not e.adopted
         )
-        return unfinished + ahead < limit
+        return unfinished + ahead
 
     def least_wanted(self) -> Entry | None:
         """A running run no prediction wants now, the least likely needed first (deepest)."""

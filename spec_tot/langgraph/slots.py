@@ -19,23 +19,21 @@ has no backend to share: its runs go through the app's own dispatcher of 16 sequ
 
 Either way no speculative task starts while the event loop lags: speculation only fills
 idle capacity, and a CPU-bound process (LangChain's per-call work, many runs at once) has
-none to give.
+none to give. Every one of these decisions is the dispatchers' (their gates: ``quiet``,
+``try_start``, ``grant``); this module gathers the counts they decide on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import threading
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
-from spec_tot.executor import BackendHub, Dispatcher, Offer, hub_for
+from spec_tot.executor import BackendHub, ClientRules, Dispatcher, Offer, hub_for
 
 __all__ = ["DEFAULT_OWN_SLOTS", "Lease", "RunSlots", "SpeculationSlots"]
 
@@ -53,7 +51,11 @@ class SpeculationSlots:
     hubs: list[BackendHub] = field(default_factory=list)
     own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
     lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
-    max_lag_s: float = 0.005
+    max_lag_s: float = 0.005  # a loop this late has no idle time to give
+    # Busy Python: above this share of one core, the process's Python runs at the GIL's
+    # pace, and a speculative task's Python (LangChain's own, per model call) only slows
+    # the committed path down.
+    max_cpu_share: float = 0.85
     # node -> (wall, waste) seconds of its committed runs, moving averages: what a hit
     # saves and what a miss wastes (CPU + time waiting outside the process), for a node
     # that is not a model call.
@@ -66,21 +68,6 @@ class SpeculationSlots:
     def dispatchers(self) -> list[Dispatcher]:
         """Where a model call's sequences are admitted: the known backends', else the own."""
         return [h.dispatcher for h in self.hubs] or [self.own]
-
-    # Busy Python: above this share of one core, the process's Python runs at the GIL's
-    # pace, and a speculative task's Python (LangChain's own, per model call) only slows
-    # the committed path down.
-    max_cpu_share: float = 0.85
-    _cpu: _CpuMeter = field(default_factory=lambda: _CpuMeter())
-
-    def idle(self, shares_loop: bool = True) -> bool:
-        """Whether speculation may start a task now: the process's Python has room, and
-        (``shares_loop``: the run's real tasks share the speculator's event loop, as an
-        async run's do) that loop keeps time (its scheduled prediction passes start on
-        time). A sync run speculates on a loop of its own, whose lag slows no real task."""
-        if self._cpu.share() > self.max_cpu_share:
-            return False
-        return not shares_loop or self.lag_s <= self.max_lag_s
 
     def observe_lag(self, seconds: float) -> None:
         self.lag_s = 0.8 * self.lag_s + 0.2 * max(0.0, seconds)
@@ -119,30 +106,6 @@ class SpeculationSlots:
 
     def for_run(self, key: str, shares_loop: bool = True) -> RunSlots:
         return RunSlots(self, key, shares_loop)
-
-
-class _CpuMeter:
-    """The process's CPU time per wall second (all threads), over the last ~0.2 s,
-    sampled at most every 20 ms."""
-
-    def __init__(self, window_s: float = 0.2) -> None:
-        self.window_s = window_s
-        self._lock = threading.Lock()
-        now = time.perf_counter(), time.process_time()
-        self._samples: collections.deque[tuple[float, float]] = collections.deque([now])
-        self._share = 0.0
-
-    def share(self) -> float:
-        with self._lock:
-            wall, cpu = time.perf_counter(), time.process_time()
-            if wall - self._samples[-1][0] >= 0.02:
-                self._samples.append((wall, cpu))
-                while len(self._samples) > 2 and wall - self._samples[1][0] >= self.window_s:
-                    self._samples.popleft()
-                w0, c0 = self._samples[0]
-                if wall > w0:
-                    self._share = (cpu - c0) / (wall - w0)
-            return self._share
 
 
 @dataclass(eq=False)
@@ -189,16 +152,26 @@ class RunSlots:
     joined: list[BackendHub] = field(default_factory=list)
     closed: bool = False
 
-    @property
-    def idle(self) -> bool:
-        return self.app.idle(self.shares_loop)
+    def quiet(self) -> bool:
+        """Whether the process has idle time for speculation now (the dispatchers' gate):
+        its Python is not busy and, when the run's real tasks share the speculator's event
+        loop (an async run), that loop keeps time (its prediction passes start on time). A
+        sync run speculates on a loop of its own, whose lag slows no real task."""
+        lag = self.app.lag_s if self.shares_loop else 0.0
+        return all(self._joined(d).quiet(self.key, lag) for d in self.app.dispatchers())
 
     def observe_lag(self, seconds: float) -> None:
         if self.shares_loop:  # only a loop real tasks share says anything of their delay
             self.app.observe_lag(seconds)
 
     def acquire(
-        self, kind: str, level: int, reserve: bool, node: str = "", unblocks_s: float = 0.0
+        self,
+        kind: str,
+        level: int,
+        reserve: bool,
+        node: str = "",
+        unblocks_s: float = 0.0,
+        caps: Iterable[tuple[int, int | None]] = (),
     ) -> Lease | None:
         """Room for one new speculative task of node ``kind`` predicted ``level`` steps
         ahead, or None (not admitted, the app's limit, or the loop lags). ``reserve``: the
@@ -207,10 +180,13 @@ class RunSlots:
         admitted by the app's own dispatcher on its committed runs' cost (``node``'s): a hit
         saves their wall seconds plus ``unblocks_s`` (the model calls it lets run ahead), a
         miss wastes their CPU and their time waiting outside the process; a node never run
-        is not worth running ahead."""
+        is not worth running ahead. ``caps``: the run's own (held, limit) counts (its
+        ``max_concurrency``), decided on with the app's by each dispatcher."""
         app = self.app
-        if self.closed or not self.idle or (app.limit is not None and app.used >= app.limit):
+        if self.closed:
             return None
+        caps = [(app.used, app.limit), *caps]
+        lag = app.lag_s if self.shares_loop else 0.0
         if reserve:
             dispatchers = app.dispatchers()
             tokens = max((d.mean_tokens for d in dispatchers), default=0.0) or 1.0
@@ -230,7 +206,7 @@ class RunSlots:
             offer = Offer(kind, level, 0.0, _started, saved_s=saved, waste_s=cost[1])
         admitted: list[Dispatcher] = []
         for dispatcher in dispatchers:
-            if not dispatcher.try_start(self.key, offer):
+            if not self._joined(dispatcher).try_start(self.key, offer, lag_s=lag, caps=caps):
                 break
             admitted.append(dispatcher)
         if len(admitted) < len(dispatchers):
@@ -257,9 +233,8 @@ class RunSlots:
                     held = 1
                 while held < n and speculative() and not self.closed:
                     self._join(self.app.learn(backend))
-                    granted = min(n - held, dispatcher.room())
+                    granted = dispatcher.grant(self.key, n - held)
                     if granted > 0:
-                        dispatcher.started(self.key, granted)
                         held += granted
                     else:
                         await _room_or_adoption(dispatcher, lease)
@@ -272,6 +247,14 @@ class RunSlots:
         if all(h is not hub for h in self.joined):
             hub.reserve([{"query_id": self.key}])  # no ToT query may take the same key
             self.joined.append(hub)
+            self._joined(hub.dispatcher)
+
+    def _joined(self, dispatcher: Dispatcher) -> Dispatcher:
+        """``dispatcher``, with this run's rules: priced, held back while the process is busy."""
+        rules = ClientRules(max_cpu_share=self.app.max_cpu_share, max_lag_s=self.app.max_lag_s)
+        if dispatcher.rules(self.key) != rules:
+            dispatcher.join(self.key, rules)
+        return dispatcher
 
     def close(self) -> None:
         """The run ended (every lease released): it leaves every dispatcher it asked."""

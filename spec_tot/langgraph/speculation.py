@@ -200,10 +200,9 @@ class Speculator:
         self, world: World, task: PregelExecutableTask, key: Any, exact: bool
     ) -> Entry | None:
         """Start ``task`` (prepared on ``world``) speculatively, if a slot is free."""
-        if not self.slots.idle:
+        if not self.slots.quiet():
             return None  # busy: speculation would slow the real path down
-        if not self.table.under_limit(self.config.get("max_concurrency")):
-            return None
+        caps = [(self.table.in_flight(), self.config.get("max_concurrency"))]  # runs count
         # Hit rates are learnt per node, and per level: a prediction from the real partial
         # pool is one step ahead, one built on speculative steps more.
         kind, level = f"langgraph:{task.name}", 1 if exact else 2
@@ -214,9 +213,10 @@ class Speculator:
         # the longest of them too (none when the graph makes no model call).
         costs = self.slots.app.node_costs
         unblocks = max((costs.get(n, (0.0,))[0] for n in self._thoughts), default=0.0)
-        lease = self.slots.acquire(kind, level, reserve, task.name, unblocks)
+        lease = self.slots.acquire(kind, level, reserve, task.name, unblocks, caps)
         if lease is None and self._evict():
-            lease = self.slots.acquire(kind, level, reserve, task.name, unblocks)
+            caps = [(self.table.in_flight(), self.config.get("max_concurrency"))]
+            lease = self.slots.acquire(kind, level, reserve, task.name, unblocks, caps)
         if lease is None:
             return None
         entry = self._start(world, task, key, exact, lease)

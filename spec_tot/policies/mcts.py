@@ -86,6 +86,7 @@ class MCTS(SearchPolicy):
         # A shadow (prediction) keeps its statistics here, over the nodes' own, and sees the
         # known nodes it was fed as scored.
         self._overlay: dict[str, list[float]] | None = None
+        self._tree: SearchTree | None = None  # the real search's tree, once it started
         self._fed: set[str] = set()
 
     # -- statistics -----------------------------------------------------------------------
@@ -101,8 +102,8 @@ class MCTS(SearchPolicy):
 
     def add_stats(self, node: Node, visits: int, value: float) -> None:
         if self._overlay is None:
-            node.visits += visits
-            node.value_sum += value
+            assert self._tree is not None  # statistics change only once the search started
+            self._tree.add_visits(node, visits, value)
             return
         entry = self._overlay.setdefault(node.id, [node.visits, node.value_sum])
         entry[0] += visits
@@ -110,7 +111,8 @@ class MCTS(SearchPolicy):
 
     def set_value_sum(self, node: Node, value_sum: float) -> None:
         if self._overlay is None:
-            node.value_sum = value_sum
+            assert self._tree is not None  # statistics change only once the search started
+            self._tree.set_value_sum(node, value_sum)
         else:
             self._overlay.setdefault(node.id, [node.visits, node.value_sum])[1] = value_sum
 
@@ -189,9 +191,11 @@ class MCTS(SearchPolicy):
         if self._started:
             return []
         self._started = True
+        self._tree = tree  # the owner of the nodes' statistics
         return self._run(tree)
 
     def on_reward(self, tree: SearchTree, scored: Sequence[Node]) -> list[Expansion]:
+        self._tree = tree
         if self._finished or not self._outstanding.receive(scored):
             return []
         if not self._outstanding.pop_complete():

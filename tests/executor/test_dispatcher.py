@@ -226,7 +226,7 @@ def test_superseded_entries_do_not_pile_up() -> None:
         for q in range(8):
             d.offer(f"q{q}", [run.offer(f"q{q}", f"{round_}") for _ in range(3)])
     assert d.queued() == 24
-    assert len(d._heap) <= 64 + 4 * 24 + 3
+    assert len(d._queue._heap) <= 64 + 4 * 24 + 3
 
 
 @settings(max_examples=150, deadline=None)
