@@ -21,9 +21,9 @@ class StepCurve:
     saturation: int
     scale: dict[int, float] = field(default_factory=dict)  # bucket -> s/token over the shape
     prior: dict[int, float] = field(default_factory=dict)
-    # (step_s, marginal_s) per rows until the next sample: every offer of one prediction
-    # is valued at the same load, and the dispatcher values each offer again as it pops.
-    _memo: dict[float, tuple[float, float]] = field(default_factory=dict, repr=False)
+    # (step_s, marginal_s, slack) per rows until the next sample: every offer of one
+    # prediction is valued at the same load, and the dispatcher values each again as it pops.
+    _memo: dict[float, tuple[float, float, float]] = field(default_factory=dict, repr=False)
 
     def _shape(self, rows: float) -> float:
         if not self.prior:
@@ -48,14 +48,15 @@ class StepCurve:
         self.scale[bucket] = sample if old is None else 0.8 * old + 0.2 * sample
         self._memo.clear()
 
-    def costs(self, rows: float) -> tuple[float, float]:
-        """``(step_s(rows + 1), marginal_s(rows))``: what a launch at ``rows`` is valued
-        with, remembered until the next sample."""
+    def costs(self, rows: float) -> tuple[float, float, float]:
+        """``(step_s(rows + 1), marginal_s(rows), slack(rows))``: what a launch at ``rows``
+        is valued with, remembered until the next sample."""
         known = self._memo.get(rows)
         if known is None:
             if len(self._memo) > 256:  # rows seen since the last sample: a few dozen
                 self._memo.clear()
-            known = self._memo[rows] = (self.step_s(rows + 1), self.marginal_s(rows))
+            step, marginal = self.step_s(rows + 1), self.marginal_s(rows)
+            known = self._memo[rows] = (step, marginal, self.slack(rows, self.saturation))
         return known
 
     def step_s(self, rows: float) -> float:
@@ -65,6 +66,15 @@ class StepCurve:
         bucket = self._bucket(rows)
         nearest = min(self.scale, key=lambda b: (abs(b - bucket), b))
         return float(self.scale[nearest] * self._shape(rows))
+
+    def slack(self, rows: float, capacity: int) -> float:
+        """The share of the engine's throughput at ``capacity`` rows that is unused at
+        ``rows``: ``1 - tokens/s(rows) / tokens/s(capacity)`` (0 at or past capacity)."""
+        if rows >= capacity:
+            return 0.0
+        rows = max(rows, 1.0)
+        used = rows / self.step_s(rows)
+        return max(0.0, 1.0 - used / (capacity / self.step_s(capacity)))
 
     def marginal_s(self, rows: float) -> float:
         """What one more row adds to a step at ``rows``: the slope between the buckets
