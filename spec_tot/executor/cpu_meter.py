@@ -1,13 +1,16 @@
-"""The process's CPU time per wall second: the dispatcher's gate against speculating in a
-process whose Python is already busy (its speculation would only slow committed work)."""
+"""What the executor's own CPU costs, for the dispatcher: the process's CPU time per wall
+second (``CpuMeter``: its gate against speculating in a process whose Python is already
+busy) and the executor's CPU per request run (``RunCpu``: what a miss wastes beyond its
+launch and its tokens)."""
 
 from __future__ import annotations
 
 import collections
 import threading
 import time
+from collections.abc import Callable
 
-__all__ = ["CpuMeter"]
+__all__ = ["CpuMeter", "RunCpu"]
 
 
 class CpuMeter:
@@ -32,3 +35,30 @@ class CpuMeter:
                 if wall > w0:
                     self._share = (cpu - c0) / (wall - w0)
             return self._share
+
+
+class RunCpu:
+    """The executor thread's CPU per request that ended (committed or speculative), a
+    moving average: each request's whole run (its walk, parsing, reward routing, adoption
+    or cancellation, the predictions it sets off) shares the thread's CPU since the last
+    sample. Samples come from the thread that runs the requests; one from another thread
+    (a sync LangGraph run's) restarts the count."""
+
+    def __init__(self, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
+        self.per_run_s = 0.0
+        self._mark: tuple[int, float] | None = None
+        self._ended = 0
+
+    def ended(self, count: int = 1) -> None:
+        self._ended += count
+        now, thread = self.clock(), threading.get_ident()
+        mark = self._mark
+        if mark is None or mark[0] != thread:
+            self._mark, self._ended = (thread, now), 0
+            return
+        if now - mark[1] < 0.01:  # sample every 10 ms of CPU at most: the clock is coarse
+            return
+        sample = (now - mark[1]) / self._ended
+        self.per_run_s = sample if not self.per_run_s else 0.9 * self.per_run_s + 0.1 * sample
+        self._mark, self._ended = (thread, now), 0

@@ -18,7 +18,8 @@ one priority queue keyed by its expected value::
   engine's unused capacity of the rest (the others' work fills one's waits; measured: REBASE
   at 4 in flight, every hit counted, adopted 71% of its launches and ran 0.92-0.96x ``dedup``).
 - wasted: its tokens x the step-time increase one more row causes, felt by every row in
-  flight, plus its reward (PRM) seconds and what else its run costs the process. A hit
+  flight, plus its reward (PRM) seconds and what else its run costs the process (the
+  executor's CPU per request run, measured: ``RunCpu``). A hit
   costs nothing extra: the committed search would have done the same work, later.
 - launch CPU: the executor's own seconds per launch, measured.
 
@@ -46,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from spec_tot.executor.cpu_meter import CpuMeter
+from spec_tot.executor.cpu_meter import CpuMeter, RunCpu
 from spec_tot.executor.offer_queue import OfferQueue, Wakeups
 from spec_tot.executor.offers import HitRates, Offer
 from spec_tot.executor.step_curve import StepCurve
@@ -78,6 +79,7 @@ class ClientRules:
 
 
 _ANY = ClientRules()
+Caps = Iterable[tuple[int, int | None]]  # a client's own (held, limit) counts
 
 
 class Dispatcher:
@@ -96,6 +98,7 @@ class Dispatcher:
         self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
         self.cpu = CpuMeter()
+        self.run_cpu = RunCpu(clock)
         self.local_committed = 0
         self.speculative: dict[str, int] = {}
         self.speculating = 0  # sum(speculative.values()), kept: rows() runs per event
@@ -130,6 +133,7 @@ class Dispatcher:
         """A committed request ended after ``seconds`` with ``tokens`` generated, having
         started at ``rows`` in flight: a sample of the step curve."""
         self.local_committed = max(0, self.local_committed - 1)
+        self.run_cpu.ended()
         self.curve.observe(rows + 1, seconds, tokens)
         if tokens > 0:
             mean = self.mean_tokens
@@ -145,6 +149,7 @@ class Dispatcher:
         held = self.speculative.get(client, 0)
         self.speculative[client] = max(0, held - count)
         self.speculating -= min(held, count)
+        self.run_cpu.ended(count)
         self._freed()
 
     # -- value ----------------------------------------------------------------------------
@@ -160,6 +165,8 @@ class Dispatcher:
         # too, as if the engine were saturated, stopped rStar's and beam's sure hits at 16
         # and 32 in flight, where they gain 3-4%.)
         miss = offer.tokens * marginal_s * max(rows, 1) + offer.reward_s + offer.waste_s
+        if offer.tokens:  # a model call's run: the executor's CPU for it beyond its launch
+            miss += self.run_cpu.per_run_s
         # Seconds once the curve is measured, or for an offer that generates nothing (a
         # LangGraph function node): before, a token's unit is one step, and a launch's CPU
         # seconds are not comparable with it.
@@ -245,14 +252,7 @@ class Dispatcher:
         self._queue.push(client, offers, self.value)
         self._drain()
 
-    def try_start(
-        self,
-        client: str,
-        offer: Offer,
-        *,
-        lag_s: float = 0.0,
-        caps: Iterable[tuple[int, int | None]] = (),
-    ) -> bool:
+    def try_start(self, client: str, offer: Offer, *, lag_s: float = 0.0, caps: Caps = ()) -> bool:
         """Admit ``offer`` now, outside the queue: the process is ``quiet``, every
         (held, limit) pair of ``caps`` (the client's own counts) has room, the backend has
         room, and it has positive value with no queued candidate worth more (they go

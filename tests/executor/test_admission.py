@@ -94,3 +94,19 @@ def test_a_saving_counts_less_where_other_clients_fill_the_engine() -> None:
     assert d.gain_share(0.0) == pytest.approx(0.25) and d.gain_share(1.0) == 1.0
     assert d.value(offer, p=0.7) < alone
     assert d.value(offer, p=1.0) > 0  # a sure hit still launches
+
+
+def test_a_miss_is_charged_the_executors_cpu_per_request_run() -> None:
+    from spec_tot.executor.cpu_meter import RunCpu
+
+    now = [0.0]
+    meter = RunCpu(clock=lambda: now[0])
+    meter.ended()  # the first sample only marks the clock
+    now[0] = 0.03
+    meter.ended(3)  # 30 ms of CPU for three requests
+    assert meter.per_run_s == pytest.approx(0.01)
+    d = _flat()
+    offer = Offer("k", 1, 10.0, lambda _o: True)
+    before = d.value(offer, p=0.5)
+    d.run_cpu.per_run_s = 0.004
+    assert d.value(offer, p=0.5) == pytest.approx(before - 0.5 * 0.004)
