@@ -22,6 +22,8 @@ tokens, the acceptance rate, and whether the answers are the same.
 
     python benchmarks/math_gsm8k.py accuracy --problems 100 --json results/math_gsm8k_accuracy.json
     python benchmarks/math_gsm8k.py modes --mode-problems 10 --rounds 3 --json ...
+    python benchmarks/math_gsm8k.py modes --method beam --mode-problems 8 --concurrency 4 \
+        --modes dedup,full --rounds 5 --json ...
     python benchmarks/math_gsm8k.py drafter --mode-problems 8 --rounds 3 --json ...
 """
 
@@ -59,9 +61,11 @@ def wilson(k: int, n: int, z: float = 1.645) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-async def _run(backend: Any, method: str, problems: int, mode: str, seed: int) -> dict[str, Any]:
+async def _run(
+    backend: Any, method: str, problems: int, mode: str, seed: int, concurrency: int = 0
+) -> dict[str, Any]:
     search, params, temperature = METHODS[method]
-    config = ExecutorConfig(mode=mode, seed=seed, max_concurrency=problems)
+    config = ExecutorConfig(mode=mode, seed=seed, max_concurrency=concurrency or problems)
     app = compile_math(backend=backend, search=search, search_params=params,
                        temperature=temperature, config=config)  # fmt: skip
     await backend.flush_prefix_cache()
@@ -100,21 +104,25 @@ async def modes(args: argparse.Namespace) -> dict[str, Any]:
     backend = default_registry().create("local", **PROGRAM.backend_options("local"))
     runs: list[Run] = []
     try:
-        for rnd, mode in schedule_rounds(["dedup", "baseline", "full"], args.rounds, args.seed):
-            row = await _run(backend, args.method, args.mode_problems, mode, args.seed)
+        for rnd, mode in schedule_rounds(args.modes.split(","), args.rounds, args.seed):
+            row = await _run(
+                backend, args.method, args.mode_problems, mode, args.seed, args.concurrency
+            )
             print(f"round {rnd} {mode}: {row['queries_per_s']:.3f} q/s "
                   f"{row['solved']} solved", flush=True)  # fmt: skip
             runs.append(Run(rnd, mode, row))
     finally:
         await backend.aclose()
-    cells = summarize_rounds(runs, lambda m: None if m == "dedup" else "dedup")
+    control, in_flight = args.modes.split(",")[0], args.concurrency or args.mode_problems
+    cells = summarize_rounds(runs, lambda m: None if m == control else control)
     answers = {m: {tuple(r.figures["answers"]) for r in runs if r.cell == m and r.round}
                for m in cells}  # fmt: skip
     return {"runs": [{"round": r.round, **r.figures} for r in runs],
             "cells": {k: v.to_dict() for k, v in cells.items()},
             "same_answers_every_round": {m: len(a) == 1 for m, a in answers.items()},
             "same_answers_across_modes": len(set().union(*answers.values())) == 1,
-            "summary": f"{args.method} x{args.mode_problems}: {summary_line(cells)}"}  # fmt: skip
+            "summary": f"{args.method} x{args.mode_problems} @{in_flight}: "
+                       f"{summary_line(cells)}"}  # fmt: skip
 
 
 DRAFTERS: dict[str, dict[str, Any]] = {"none": {}, "lookup": {"ngram_max": 4, "ngram_min": 2}}
@@ -161,6 +169,8 @@ def main() -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--method", default="rebase", choices=list(METHODS))
     ap.add_argument("--mode-problems", type=int, default=10)
+    ap.add_argument("--modes", default="dedup,baseline,full", help="the first: the control")
+    ap.add_argument("--concurrency", type=int, default=0, help="in flight (0: every problem)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")

@@ -134,6 +134,7 @@ def main() -> None:
     if missing := missing_deps():
         sys.exit(f"missing test dependencies {missing}: run with --install-deps")
     suite = fetch(cache_dir())
+    args.out = args.out.resolve()  # pytest runs in the suite's folder: an absolute path
     args.out.mkdir(parents=True, exist_ok=True)
     modes = args.modes.split(",")
     results = {m: outcomes(run_mode(m, suite, args.out, args.tests)) for m in modes}
