@@ -63,7 +63,7 @@ class OfferQueue:
         """The best live offer: (client, offer, seq, generation), or None."""
         while self._heap:
             _, seq, client, generation, offer = heapq.heappop(self._heap)
-            if self._valid((0.0, seq, client, generation, offer)):
+            if self._generation.get(client) == generation:
                 self._live[client] -= 1
                 return client, offer, seq, generation
         return None
