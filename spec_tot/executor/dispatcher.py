@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from spec_tot.errors import ConfigError
 from spec_tot.executor.cpu_meter import CpuMeter, RunCpu
 from spec_tot.executor.offer_queue import OfferQueue, Wakeups
 from spec_tot.executor.offers import HitRates, Offer
@@ -76,6 +77,18 @@ class ClientRules:
     max_ask: int | None = None
     max_cpu_share: float | None = None
     max_lag_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_sequences", "max_level", "max_ask"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(name, f"must be an integer or None, got {value!r}")
+            if value is not None and value < 0:
+                raise ConfigError(name, f"must be >= 0, got {value}")
+        for name in ("max_cpu_share", "max_lag_s"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and value == value):
+                raise ConfigError(name, f"must be a number or None, got {value!r}")
 
 
 _ANY = ClientRules()

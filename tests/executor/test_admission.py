@@ -110,3 +110,14 @@ def test_a_miss_is_charged_the_executors_cpu_per_request_run() -> None:
     before = d.value(offer, p=0.5)
     d.run_cpu.per_run_s = 0.004
     assert d.value(offer, p=0.5) == pytest.approx(before - 0.5 * 0.004)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_sequences", -1), ("max_level", 1.5), ("max_ask", True), ("max_lag_s", "soon")],
+)
+def test_client_rules_name_the_field_they_refuse(field: str, value: object) -> None:
+    from spec_tot.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        ClientRules(**{field: value})  # type: ignore[arg-type]
