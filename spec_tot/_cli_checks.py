@@ -11,6 +11,7 @@ or kept as a bare string.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import inspect
 import json
@@ -20,13 +21,15 @@ import types
 import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from spec_tot.backends import BackendRegistry, default_registry
+from spec_tot.cache_dir import cache_root
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError, SpecTotError, UnknownNameError
+from spec_tot.executor.hit_rate_store import load_hit_rates
 from spec_tot.plugins import load_target
 from spec_tot.policies import create_policy
 from spec_tot.programs import Program, load_program
@@ -65,7 +68,8 @@ def as_option(option: str) -> Iterator[None]:
         yield
     except ConfigError as exc:
         text = str(exc)
-        if exc.field.lstrip("-") == option.lstrip("-"):  # "queries: ..." -> "--queries: ..."
+        # "queries: ..." -> "--queries: ..."; "hit_rates: ..." -> "--hit-rates: ..."
+        if exc.field.lstrip("-").replace("_", "-") == option.lstrip("-"):
             text = text.removeprefix(f"{exc.field}: ")
         raise ConfigError(option, text) from exc
     except (UnknownNameError, TypeError, ValueError) as exc:
@@ -279,12 +283,14 @@ def plan_runs(
     modes_option: str = "--modes",
     registry: BackendRegistry | None = None,
     dataset: str | None = None,
+    hit_rates: str = "off",
 ) -> Plan:
     """Check every option without starting a backend: program, backend name and options,
     modes, concurrency, queries, search and its parameters (the graph is compiled against a
     scripted backend, so the policy validates its parameters now). ``modes_option``: the
     option the modes came from, as the user typed it (``--mode`` for ``run``); ``registry``:
-    the backends known by name (default: ``backend_registry()``)."""
+    the backends known by name (default: ``backend_registry()``); ``hit_rates``: ``auto``,
+    ``off`` or a file (``hit_rate_file``)."""
     from spec_tot.adapters.scripted import ScriptedBackend
 
     with as_option("--program"):
@@ -318,7 +324,27 @@ def plan_runs(
     params = typed_pairs(search_params, policy_schema(search_name), "--param")
     with as_option("--param"):
         prog.build(backend=ScriptedBackend(), search=search_name, search_params=params)
+    with as_option("--hit-rates"):
+        kept = hit_rate_file(hit_rates, prog.name, search_name, backend_name, options, params)
+        configs = [replace(c, hit_rates=kept) for c in configs]
     return Plan(prog, backend_name, search_name, params, options, tuple(configs), inputs, registry)
+
+
+def hit_rate_file(
+    given: str, program: str, search: str, backend: str, *options: dict[str, Any]
+) -> str | None:
+    """The file a run keeps its speculation hit rates in: ``off``, none; ``auto``, one
+    per program, search, backend and options in the cache directory (what a policy's
+    predictions hit depends on all of them); else the path given."""
+    if given == "off":
+        return None
+    path = given
+    if given == "auto":
+        blob = json.dumps(options, sort_keys=True, default=str).encode()
+        name = f"{program}-{search}-{backend}-{hashlib.sha256(blob).hexdigest()[:12]}.json"
+        path = str(cache_root() / "hit_rates" / name)
+    load_hit_rates(path)  # a file that is not one is refused before a model loads
+    return path
 
 
 def check_json_path(path: Path | None, option: str = "--json") -> None:

@@ -233,6 +233,7 @@ def run(
     param: cli_kit.ParamOpt = None,
     backend_opt: cli_kit.BackendParamOpt = None,
     json_path: cli_kit.JsonOpt = None,
+    hit_rates: cli_kit.HitRatesOpt = "auto",
     show_tree: Annotated[bool, typer.Option(help="Show the search trees live.")] = False,
     list_options: _cli_help.ListOptionsOpt = None,
     list_params: _cli_help.ListParamsOpt = None,
@@ -257,6 +258,7 @@ def run(
         backend_opt=backend_opt,
         json_path=json_path,
         show_tree=show_tree,
+        hit_rates=hit_rates,
         modes_option="--mode",
         registry=ctx.obj,
     )
@@ -278,6 +280,7 @@ def bench(
     param: cli_kit.ParamOpt = None,
     backend_opt: cli_kit.BackendParamOpt = None,
     json_path: cli_kit.JsonOpt = None,
+    hit_rates: cli_kit.HitRatesOpt = "auto",
     rounds: Annotated[
         int,
         typer.Option(
@@ -313,6 +316,7 @@ def bench(
         param=param,
         backend_opt=backend_opt,
         json_path=json_path,
+        hit_rates=hit_rates,
         modes_option="--modes",
         registry=ctx.obj,
     )

@@ -39,6 +39,7 @@ __all__ = [
     "BackendOpt",
     "BackendParamOpt",
     "DatasetOpt",
+    "HitRatesOpt",
     "JsonOpt",
     "ParamOpt",
     "ProgramOpt",
@@ -89,6 +90,13 @@ ParamOpt = Annotated[
     typer.Option(
         help="Search parameter KEY=VALUE, repeatable (e.g. width=8); --list-params SEARCH "
         "lists them."
+    ),
+]
+HitRatesOpt = Annotated[
+    str,
+    typer.Option(
+        help="Where speculation's learnt hit rates are kept between runs: auto (the cache "
+        "directory, per program, search and backend options), a JSON file, or off."
     ),
 ]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the runs as JSON here.")]

@@ -7,6 +7,7 @@ each ablation is one flag: ``ExecutorConfig(mode="full", speculation_overrides={
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
@@ -176,6 +177,9 @@ class ExecutorConfig:
     - ``query_timeout_s``: per-query deadline (None: none).
     - ``goodput_deadline_s``: a correct answer counts towards goodput only within it.
     - ``max_nodes``: safety bound on tree size per query.
+    - ``hit_rates``: a JSON file where the backend's speculation hit rates are kept between
+      runs (``spec_tot.executor.hit_rate_store``): added to what the dispatcher has learnt
+      when a batch starts, written back when it ends. None: every process learns afresh.
     """
 
     mode: str = "baseline"
@@ -184,6 +188,7 @@ class ExecutorConfig:
     query_timeout_s: float | None = None
     goodput_deadline_s: float = 60.0
     max_nodes: int = 10_000
+    hit_rates: str | None = None
     speculation_overrides: Mapping[str, Any] = field(default_factory=dict)
     speculation: Speculation = field(init=False)
 
@@ -196,6 +201,11 @@ class ExecutorConfig:
             _number("query_timeout_s", self.query_timeout_s, low=0, strict=True)
         _number("goodput_deadline_s", self.goodput_deadline_s, low=0, strict=True)
         _integer("max_nodes", self.max_nodes, 2)
+        if isinstance(self.hit_rates, os.PathLike):
+            object.__setattr__(self, "hit_rates", os.fspath(self.hit_rates))
+        rates = self.hit_rates
+        if rates is not None and (not isinstance(rates, str) or not rates):
+            raise ConfigError("hit_rates", f"must be a file path or None, got {self.hit_rates!r}")
         if not isinstance(self.speculation_overrides, Mapping):
             raise ConfigError(
                 "speculation_overrides", f"must be a dict, got {self.speculation_overrides!r}"

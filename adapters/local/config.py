@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from spec_tot.cache_dir import cache_root
 from spec_tot.errors import ConfigError
 
 __all__ = [
@@ -218,16 +217,6 @@ class EngineConfig:
             raise ConfigError(
                 "drafter", f"must name a factory as 'module:attr', got {self.drafter!r}"
             )
-
-
-def cache_root() -> Path:
-    """The project's cache directory: ``$SPEC_TOT_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/spec-tot``, else ``~/.cache/spec-tot`` (calibration, fetched models;
-    never inside the installed package)."""
-    given = os.environ.get("SPEC_TOT_CACHE_DIR")
-    if given:
-        return Path(given)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spec-tot"
 
 
 def resolve_device(name: str) -> str:

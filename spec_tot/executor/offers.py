@@ -61,6 +61,21 @@ class HitRates:
         counts = self._counts(slot)
         counts[1] = min(counts[0], counts[1] + 1)
 
+    def merge(self, counts: dict[tuple[str, int, int], tuple[float, float]]) -> None:
+        """Add ``counts`` ((launched, hits) per slot: what earlier runs learnt) to this
+        one's; a slot past the window halves as its own launches would have."""
+        for slot, (launched, hits) in counts.items():
+            mine = self._counts(slot)
+            mine[0] += launched
+            mine[1] = min(mine[0], mine[1] + hits)
+            while mine[0] > _RATE_WINDOW:
+                mine[0] /= 2
+                mine[1] /= 2
+
+    def snapshot(self) -> dict[tuple[str, int, int], tuple[float, float]]:
+        """(launched, hits) per slot tried so far."""
+        return {slot: (c[0], c[1]) for slot, c in self.counts.items() if c[0] > 0}
+
     def best(self, kind: str) -> float:
         """The best rate among ``kind``'s slots, at least the prior's even odds (most of its
         slots are never tried)."""

@@ -80,6 +80,7 @@ async def run_queries(
     config = run_spec.config
     recorder = MetricsRecorder(goodput_deadline_s=config.goodput_deadline_s)
     hub = run_spec.hub
+    hub.recall_hit_rates(config.hit_rates)  # a bad file is refused before any query starts
     dispatcher, router = hub.dispatcher, hub.router()
     rule = _batch_rule(run_spec, dispatcher)
     limit = asyncio.Semaphore(max_concurrency)
@@ -103,6 +104,7 @@ async def run_queries(
     wall = loop.time() - started
     # CPU of the event-loop thread: the executor's own cost (engines run elsewhere).
     recorder.executor_cpu_s = time.thread_time() - cpu_started
+    hub.keep_hit_rates(config.hit_rates)
     peak_kv = int(run_spec.backend.stats().get("peak_kv_blocks", 0))
     return BatchResult(list(results), recorder.summary(peak_kv_blocks=peak_kv, wall_s=wall))
 

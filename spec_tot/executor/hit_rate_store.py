@@ -1,0 +1,96 @@
+"""Speculation hit rates kept between runs (``ExecutorConfig.hit_rates``).
+
+The dispatcher learns per slot how often a launched speculative node is adopted
+(``HitRates``). A run of a few queries ends before it has learnt much: at one query in
+flight, four Game of 24 queries last about 0.4 s, and each run started at the even-odds
+prior. Like the engine's step-time calibration, what a run learnt is kept in a small JSON
+file and added to the next run's counts; the counts' window (``HitRates``) keeps recent
+runs in charge.
+
+The file is written whole and atomically, so concurrent runs never read half of one; the
+last run to end wins. A file that exists but is not a hit-rate file is refused, never
+overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from spec_tot.errors import ConfigError
+
+__all__ = ["load_hit_rates", "save_hit_rates"]
+
+_FORMAT = "spec-tot hit rates"
+_VERSION = 1
+Counts = dict[tuple[str, int, int], tuple[float, float]]
+
+
+def load_hit_rates(path: str | os.PathLike[str]) -> Counts:
+    """(launched, hits) per slot from ``path``; empty when there is no such file yet."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError("hit_rates", f"cannot read {file}: {exc.strerror or exc}") from exc
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    counts = _counts_of(payload)
+    if counts is None:
+        raise ConfigError(
+            "hit_rates",
+            f"{file} is not a spec-tot hit-rate file; name another file or delete this one",
+        )
+    return counts
+
+
+def save_hit_rates(path: str | os.PathLike[str], counts: Counts) -> None:
+    """Write ``counts`` to ``path`` whole (a write that fails only costs the next run its
+    head start: a warning, not an error)."""
+    file = Path(path)
+    slots = [
+        {"kind": kind, "level": level, "band": band, "launched": launched, "hits": hits}
+        for (kind, level, band), (launched, hits) in sorted(counts.items())
+    ]
+    payload = {"format": _FORMAT, "version": _VERSION, "slots": slots}
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(payload, indent=1))
+        os.replace(tmp, file)
+    except OSError as exc:
+        warnings.warn(f"hit rates not kept in {file}: {exc.strerror or exc}", stacklevel=2)
+        with contextlib.suppress(OSError):  # no temp file, or no folder to hold one
+            tmp.unlink(missing_ok=True)
+
+
+def _counts_of(payload: Any) -> Counts | None:
+    """The counts of a well-formed payload, None for anything else."""
+    if not isinstance(payload, dict) or payload.get("format") != _FORMAT:
+        return None
+    if payload.get("version") != _VERSION:
+        return {}  # an older layout: learnt again rather than misread
+    slots = payload.get("slots")
+    if not isinstance(slots, list):
+        return None
+    counts: Counts = {}
+    for slot in slots:
+        try:
+            kind, level, band = slot["kind"], slot["level"], slot["band"]
+            launched, hits = float(slot["launched"]), float(slot["hits"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not isinstance(kind, str) or not isinstance(level, int) or not isinstance(band, int):
+            return None
+        if not (0 <= hits <= launched < float("inf")):
+            return None
+        counts[kind, level, band] = (launched, hits)
+    return counts
