@@ -38,6 +38,7 @@ class NodeRun:
     committed: asyncio.Event | None = None  # a parked non-speculable tool waits for commit
     generating: bool = False  # its request is on the backend now
     holds_slot: bool = False  # a speculative node holding a T2 slot
+    ended_at: float | None = None  # when its last run ended (loop time), for its head start
 
     def forget_walk(self) -> None:
         """Detached: what a node of the same id must not inherit goes (its slot and request
@@ -70,6 +71,11 @@ class BranchRunner:
 
     def killed(self, node: Node) -> bool:
         return (run := self._runs.get(node)) is not None and run.killed
+
+    def ended_at(self, node: Node) -> float | None:
+        """When ``node``'s last run ended (loop time); None while one runs, or none did."""
+        run = self._runs.get(node)
+        return None if run is None or self.running(node) else run.ended_at
 
     def failure(self, node: Node) -> str | None:
         """The last failure of ``node``'s run, None if it has not failed."""
@@ -272,6 +278,7 @@ class BranchRunner:
                     self.ctx.tree.cancel(node)
             self._report(node)
         elif node.status is not NodeStatus.CANCELLED:
+            self._run_of(node).ended_at = asyncio.get_running_loop().time()
             self._changed()  # a finished speculative node: keep the engine busy
 
     # -- the end ------------------------------------------------------------------------------

@@ -51,7 +51,8 @@ class QueryController:
         self._round: list[Node] = []  # committed children of the latest commit
         self._truncated = False
         self._speculate_soon = False
-        self._offers: dict[str, Offer] = {}  # speculative child -> the offer it launched as
+        # speculative child -> the offer it launched as, when (loop time), its saving_s then
+        self._offers: dict[str, tuple[Offer, float, float]] = {}
         self._mean_tokens = 0.0  # moving average of a finished node's tokens
         # The dispatcher admits every launch of this query. Without T2 a prediction still
         # asks for no more than one saturated batch: MCTS prediction simulates a selection
@@ -162,9 +163,13 @@ class QueryController:
             status = NodeStatus.SCORED if failure is None else NodeStatus.CANCELLED
         self.tree.adopt(child, status)
         ctx.recorder.speculative_hits += 1
-        offer = self._offers.pop(child.id, None)
-        if offer is not None:
-            ctx.dispatcher.hit(offer)
+        launched = self._offers.pop(child.id, None)
+        if launched is not None:
+            offer, at, saving_s = launched
+            ended = self.branches.ended_at(child)
+            now = asyncio.get_running_loop().time()
+            head_start = (now if ended is None else min(ended, now)) - at
+            ctx.dispatcher.hit(offer, head_start / saving_s if saving_s > 0 else None)
         self._round.append(child)
         self._outstanding += 1
         branches.adopted(child)
@@ -249,7 +254,8 @@ class QueryController:
         ):
             return False
         child = self.tree.add_child(parent, speculative=True)
-        self._offers[child.id] = offer
+        now = asyncio.get_running_loop().time()
+        self._offers[child.id] = (offer, now, ctx.dispatcher.saving_s(offer))
         self.branches.start(child, parent)
         return True
 

@@ -18,7 +18,8 @@ one priority queue keyed by its expected value::
   engine's unused capacity of the rest (the others' work fills one's waits; measured: REBASE
   at 4 in flight, every hit counted, adopted 71% of its launches and ran 0.92-0.96x ``dedup``).
 - wasted: its tokens x the step-time increase one more row causes, felt by every row in
-  flight, plus its reward (PRM) seconds and what else its run costs the process (the
+  flight (the rows now, or the rows committed requests usually start at if more: it lives
+  on past a trough), plus its reward (PRM) seconds and what else its run costs the process (the
   executor's CPU per request run, measured: ``RunCpu``). A hit
   costs nothing extra: the committed search would have done the same work, later.
 - launch CPU: the executor's own seconds per launch, measured.
@@ -119,6 +120,7 @@ class Dispatcher:
         self.launches = 0
         self.cpu_s = 0.0  # moving average of one launch's executor CPU
         self.mean_tokens = 0.0  # moving average of a committed request's tokens
+        self.rows_seen = 0.0  # moving average of the rows a committed request starts at
         self._rules: dict[str, ClientRules] = {}
         self._queue = OfferQueue()
         self._wakeups = Wakeups()
@@ -140,6 +142,7 @@ class Dispatcher:
         """A committed request starts; returns the rows in flight, for its ``finished``."""
         rows = self.rows()
         self.local_committed += 1
+        self.rows_seen = rows if not self.rows_seen else 0.9 * self.rows_seen + 0.1 * rows
         return rows
 
     def committed_finished(self, rows: int = 0, seconds: float = 0.0, tokens: int = 0) -> None:
@@ -171,13 +174,10 @@ class Dispatcher:
         if p is None:
             p = self.rates.rate(offer.slot)
         rows = self.rows()
-        step_s, marginal_s, slack = self.curve.costs(rows)
-        saved = (offer.tokens * step_s + offer.saved_s) * self.gain_share(slack)
-        # A miss slows every row in flight for nothing. A hit costs nothing extra: the
-        # committed search would have done the same work, later. (Charging hits that delay
-        # too, as if the engine were saturated, stopped rStar's and beam's sure hits at 16
-        # and 32 in flight, where they gain 3-4%.)
-        miss = offer.tokens * marginal_s * max(rows, 1) + offer.reward_s + offer.waste_s
+        step_s, _, slack = self.curve.costs(rows)
+        generation_s = offer.tokens * step_s * self.rates.realised(offer.slot)
+        saved = (generation_s + offer.saved_s) * self.gain_share(slack)
+        miss = _miss_s(self.curve, offer, max(rows, round(self.rows_seen)))
         if offer.tokens:  # a model call's run: the executor's CPU for it beyond its launch
             miss += self.run_cpu.per_run_s
         # Seconds once the curve is measured, or for an offer that generates nothing (a
@@ -193,9 +193,13 @@ class Dispatcher:
         share = 1.0 / max(1, len(self._rules))
         return share + (1.0 - share) * slack
 
-    def hit(self, offer: Offer) -> None:
-        """A launched ``offer`` was adopted."""
-        self.rates.hit(offer.slot)
+    def saving_s(self, offer: Offer) -> float:
+        """The seconds a hit of ``offer`` launched now saves if it ends before it is needed."""
+        return offer.tokens * self.curve.costs(self.rows())[0]
+
+    def hit(self, offer: Offer, realised: float | None = None) -> None:
+        """A launched ``offer`` was adopted; ``realised``: its head start / ``saving_s``."""
+        self.rates.hit(offer.slot, realised)
 
     def could_pay(self, kind: str, tokens: float, reward_s: float = 0.0) -> bool:
         """Whether an offer of ``kind`` could have value now at its best slot's odds."""
@@ -229,7 +233,7 @@ class Dispatcher:
             if ask > 0 and not self.could_pay(kind, tokens, reward_s):
                 ask = 0
             if ask <= 0:
-                self.withdraw(client)
+                self._queue.withdraw(client)
         return max(ask, 0)
 
     def reaches(self, client: str, level: int) -> bool:
@@ -289,9 +293,6 @@ class Dispatcher:
             self.started(client, granted)
         return granted
 
-    def withdraw(self, client: str) -> None:
-        self._queue.withdraw(client)
-
     def forget(self, client: str) -> None:
         """``client`` ended: its candidates and rules go, its sequences are not counted."""
         self._queue.forget(client)
@@ -343,6 +344,18 @@ class Dispatcher:
     def _launched(self, offer: Offer) -> None:
         self.launches += 1
         self.rates.launched(offer.slot)
+
+
+def _miss_s(curve: StepCurve, offer: Offer, rows: int) -> float:
+    """What a miss costs: it slows every row in flight for nothing, at the load it lives
+    through (``rows``: a launch in a trough between rounds runs on into the next round's
+    peak; priced at the trough alone, REST-MCTS* at 4 in flight wasted 14% of its tokens
+    and ran 0.87-0.91x ``dedup``), plus its reward seconds and its own run's CPU. A hit
+    costs nothing extra: the committed search would have done the same work, later.
+    (Charging hits that delay too, as if the engine were saturated, stopped rStar's and
+    beam's sure hits at 16 and 32 in flight, where they gain 3-4%.)"""
+    marginal_s = curve.costs(rows)[1]
+    return offer.tokens * marginal_s * max(rows, 1) + offer.reward_s + offer.waste_s
 
 
 def _never(_offer: Offer) -> bool:

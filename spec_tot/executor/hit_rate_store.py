@@ -1,11 +1,11 @@
 """Speculation hit rates kept between runs (``ExecutorConfig.hit_rates``).
 
-The dispatcher learns per slot how often a launched speculative node is adopted
-(``HitRates``). A run of a few queries ends before it has learnt much: at one query in
-flight, four Game of 24 queries last about 0.4 s, and each run started at the even-odds
-prior. Like the engine's step-time calibration, what a run learnt is kept in a small JSON
-file and added to the next run's counts; the counts' window (``HitRates``) keeps recent
-runs in charge.
+The dispatcher learns per slot how often a launched speculative node is adopted, and how
+much of the saving it expected an adopted one realised (``HitRates``). A run of a few
+queries ends before it has learnt much: at one query in flight, four Game of 24 queries last
+about 0.4 s, and each run started at the prior. Like the engine's step-time calibration,
+what a run learnt is kept in a small JSON file and added to the next run's counts; the
+counts' window (``HitRates``) keeps recent runs in charge.
 
 The file is written whole and atomically, so concurrent runs never read half of one; the
 last run to end wins. A file that exists but is not a hit-rate file is refused, never
@@ -22,16 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from spec_tot.errors import ConfigError
+from spec_tot.executor.offers import Slot, SlotCounts
 
 __all__ = ["load_hit_rates", "save_hit_rates"]
 
 _FORMAT = "spec-tot hit rates"
 _VERSION = 1
-Counts = dict[tuple[str, int, int], tuple[float, float]]
+Counts = dict[Slot, SlotCounts]
 
 
 def load_hit_rates(path: str | os.PathLike[str]) -> Counts:
-    """(launched, hits) per slot from ``path``; empty when there is no such file yet."""
+    """The counts per slot from ``path`` (``HitRates.snapshot``); empty when there is no
+    such file yet."""
     file = Path(path)
     try:
         text = file.read_text()
@@ -57,8 +59,8 @@ def save_hit_rates(path: str | os.PathLike[str], counts: Counts) -> None:
     head start: a warning, not an error)."""
     file = Path(path)
     slots = [
-        {"kind": kind, "level": level, "band": band, "launched": launched, "hits": hits}
-        for (kind, level, band), (launched, hits) in sorted(counts.items())
+        {"kind": kind, "level": level, "band": band, **dict(zip(_COUNTS, figures, strict=True))}
+        for (kind, level, band), figures in sorted(counts.items())
     ]
     payload = {"format": _FORMAT, "version": _VERSION, "slots": slots}
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
@@ -70,6 +72,9 @@ def save_hit_rates(path: str | os.PathLike[str], counts: Counts) -> None:
         warnings.warn(f"hit rates not kept in {file}: {exc.strerror or exc}", stacklevel=2)
         with contextlib.suppress(OSError):  # no temp file, or no folder to hold one
             tmp.unlink(missing_ok=True)
+
+
+_COUNTS = ("launched", "hits", "measured", "realised")
 
 
 def _counts_of(payload: Any) -> Counts | None:
@@ -85,12 +90,12 @@ def _counts_of(payload: Any) -> Counts | None:
     for slot in slots:
         try:
             kind, level, band = slot["kind"], slot["level"], slot["band"]
-            launched, hits = float(slot["launched"]), float(slot["hits"])
+            launched, hits, measured, realised = (float(slot[name]) for name in _COUNTS)
         except (KeyError, TypeError, ValueError):
             return None
         if not isinstance(kind, str) or not isinstance(level, int) or not isinstance(band, int):
             return None
-        if not (0 <= hits <= launched < float("inf")):
+        if not (0 <= hits <= launched < float("inf") and 0 <= realised <= measured):
             return None
-        counts[kind, level, band] = (launched, hits)
+        counts[kind, level, band] = (launched, hits, measured, realised)
     return counts

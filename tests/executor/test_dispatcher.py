@@ -56,7 +56,7 @@ def test_a_new_offer_supersedes_the_clients_queued_ones() -> None:
     d.offer("a", [run.offer("a", "new")])
     d.committed_finished()
     assert run.launched == [("a", "new")]
-    d.withdraw("a")
+    d.offer("a", [])  # an empty offer withdraws the client's queued ones
     d.offer("b", [])
     assert d.queued() == 0
 
@@ -295,3 +295,39 @@ def test_falling_samples_do_not_make_rows_free() -> None:
     curve.observe(32, seconds=0.03, tokens=10)  # 3 ms at 32
     assert curve.step_s(32) < curve.step_s(8)
     assert curve.marginal_s(16) > 0.0
+
+
+def test_a_miss_is_priced_at_the_load_it_lives_through() -> None:
+    """A launch in a trough between rounds runs on into the next round's peak: its miss is
+    priced at the rows committed requests usually start at, when that is more than now."""
+    calibrated = {1: 0.001, 8: 0.0013, 32: 0.003}
+    steady, peaky = (Dispatcher(capacity=32, step_curve=calibrated) for _ in range(2))
+    for _ in range(24):  # peaky's rounds start 24 requests at once, then drain
+        peaky.committed_started()
+    for _ in range(22):
+        peaky.committed_finished()
+    steady.committed_started()
+    steady.committed_started()
+    assert steady.rows() == peaky.rows() == 2 and peaky.rows_seen > 10
+    offer = Offer("k", 1, 20.0, lambda _: True)
+    assert peaky.value(offer, 0.5) < steady.value(offer, 0.5)
+    assert peaky.value(offer, 1.0) == pytest.approx(steady.value(offer, 1.0))  # hits: as now
+
+
+def test_a_hit_is_valued_at_the_share_of_its_saving_hits_realise() -> None:
+    """A hit adopted soon after it started saved only its head start: the slot learns the
+    share hits realise, and its offers are valued at it (misses are priced as before)."""
+    d = Dispatcher(capacity=32, step_curve={1: 0.001, 32: 0.003})
+    offer = Offer("k", 1, 20.0, lambda _: True)
+    whole = d.value(offer, 1.0)
+    assert d.saving_s(offer) == pytest.approx(whole)  # one client: every saved second counts
+    for _ in range(30):
+        d.rates.launched(offer.slot)
+        d.hit(offer, 0.25)
+    assert d.rates.realised(offer.slot) == pytest.approx((7.5 + 1) / 31)
+    assert d.value(offer, 1.0) == pytest.approx(whole * (7.5 + 1) / 31)
+    d.hit(offer, 7.0)  # a share above one (the load rose) counts as one whole saving
+    assert d.rates.realised(offer.slot) == pytest.approx((8.5 + 1) / 32)
+    other = Offer("k", 2, 20.0, lambda _: True)
+    d.hit(other)  # unmeasured (a LangGraph task): the share keeps its prior
+    assert d.rates.realised(other.slot) == 1.0

@@ -22,7 +22,7 @@ from spec_tot.executor.offers import HitRates
 def test_counts_round_trip_and_a_missing_file_is_an_empty_start(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "rates.json"
     assert load_hit_rates(path) == {}
-    counts = {("rebase", 1, 0): (16.0, 12.0), ("beam", 3, 2): (2.0, 0.0)}
+    counts = {("rebase", 1, 0): (16.0, 12.0, 10.0, 2.5), ("beam", 3, 2): (2.0, 0.0, 0.0, 0.0)}
     save_hit_rates(path, counts)
     assert load_hit_rates(path) == counts
     assert [p.name for p in path.parent.iterdir()] == ["rates.json"]  # no temp file left
@@ -31,7 +31,8 @@ def test_counts_round_trip_and_a_missing_file_is_an_empty_start(tmp_path: Path) 
 @pytest.mark.parametrize(
     "text",
     ["id,question\n1,2 3 4 5\n", '{"format": "other"}', '{"format": "spec-tot hit rates", '
-     '"version": 1, "slots": [{"kind": "k", "level": 1, "band": 0, "launched": 1, "hits": 5}]}'],
+     '"version": 1, "slots": [{"kind": "k", "level": 1, "band": 0, "launched": 1, "hits": 5, '
+     '"measured": 0, "realised": 0}]}'],
 )  # fmt: skip
 def test_a_file_that_is_not_a_hit_rate_file_is_refused_and_kept(tmp_path: Path, text: str) -> None:
     path = tmp_path / "data.csv"
@@ -46,17 +47,19 @@ def test_an_unwritable_file_warns_and_the_run_goes_on(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.warns(UserWarning, match="hit rates not kept in"):
-        save_hit_rates(blocker / "rates.json", {("k", 1, 0): (1.0, 1.0)})
+        save_hit_rates(blocker / "rates.json", {("k", 1, 0): (1.0, 1.0, 0.0, 0.0)})
 
 
 def test_merged_counts_add_and_halve_past_the_window() -> None:
     rates = HitRates()
-    rates.merge({("k", 1, 0): (3.0, 2.0)})
+    rates.merge({("k", 1, 0): (3.0, 2.0, 2.0, 0.5)})
     assert rates.rate(("k", 1, 0)) == pytest.approx(3 / 5)
-    rates.merge({("k", 1, 0): (1000.0, 1000.0)})
-    launched, hits = rates.snapshot()[("k", 1, 0)]
-    assert launched <= 512 and hits <= launched
+    assert rates.realised(("k", 1, 0)) == pytest.approx(1.5 / 3)
+    rates.merge({("k", 1, 0): (1000.0, 1000.0, 1000.0, 100.0)})
+    launched, hits, measured, realised = rates.snapshot()[("k", 1, 0)]
+    assert launched <= 512 and hits <= launched and realised <= measured
     assert rates.rate(("k", 1, 0)) > 0.99
+    assert rates.realised(("k", 1, 0)) == pytest.approx(0.1, abs=0.01)
 
 
 def test_the_config_names_a_bad_hit_rate_path() -> None:
@@ -72,14 +75,15 @@ async def test_a_run_starts_with_what_the_last_one_learnt(tmp_path: Path) -> Non
     first = LatencyBackend(gen_latency=lambda _rid: 0.002, reward_latency=lambda _rid: 0.004)
     await make_app(first, "rebase", "full", hit_rates=str(path)).abatch(inputs("a", "b"))
     learnt = load_hit_rates(path)
-    assert learnt and sum(launched for launched, _ in learnt.values()) > 0
+    assert learnt and sum(c[0] for c in learnt.values()) > 0
+    assert sum(c[2] for c in learnt.values()) > 0  # head starts measured
     second = LatencyBackend(gen_latency=lambda _rid: 0.002, reward_latency=lambda _rid: 0.004)
     app = make_app(second, "rebase", "full", hit_rates=str(path))
     hub_for(second).recall_hit_rates(str(path))  # what the batch does first
     assert hub_for(second).dispatcher.rates.snapshot() == learnt
     await app.abatch(inputs("c"))
     after = load_hit_rates(path)
-    assert sum(n for n, _ in after.values()) >= sum(n for n, _ in learnt.values())
+    assert sum(c[0] for c in after.values()) >= sum(c[0] for c in learnt.values())
 
 
 async def test_without_a_file_nothing_is_written(
