@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import random
 import statistics
@@ -34,11 +35,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from langgraph.checkpoint.memory import InMemorySaver
-from lg_examples import lats, lats_answer, puzzles, tot, tot_answer
 
 from spec_tot.langgraph import from_langgraph, speculation_of
+
+
+def _load_examples() -> Any:
+    """The tests' example graphs (``tests/lg_examples.py``: LangGraph's ToT and LATS
+    tutorials from examples/, the inputs, the answers compared), loaded from its file so the
+    benchmark runs exactly what the tests check, with no edit of ``sys.path``."""
+    path = Path(__file__).resolve().parents[1] / "tests" / "lg_examples.py"
+    spec = importlib.util.spec_from_file_location("lg_examples", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_EXAMPLES = _load_examples()
+tot, lats, puzzles = _EXAMPLES.tot, _EXAMPLES.lats, _EXAMPLES.puzzles
+tot_answer, lats_answer = _EXAMPLES.tot_answer, _EXAMPLES.lats_answer
 
 VARIANTS = ("langgraph", "baseline", "full")
 RUN: Any = {"recursion_limit": 100}

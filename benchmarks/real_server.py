@@ -40,15 +40,11 @@ from typing import Any
 import httpx
 
 from spec_tot.graphs.math import math_inputs
+from spec_tot.peers import smollm2 as fetch_smollm2
+from spec_tot.peers import vllm_cpu
 from spec_tot.rounds import Run, schedule_rounds, summarize_rounds
 
 __all__ = ["main"]
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-sys.path.insert(0, str(SCRIPTS))  # fetch_smollm2, vllm_cpu
-
-import fetch_smollm2  # noqa: E402
-import vllm_cpu  # noqa: E402
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -37,6 +36,7 @@ from spec_tot.backends import GenerationBackend, RewardBackend
 from spec_tot.errors import ConfigError
 from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs import math_task as task
+from spec_tot.peers.smollm2 import smollm2_folder
 from spec_tot.programs import Program
 from spec_tot.requests import GenerateRequest, RewardItem, SamplingParams
 
@@ -299,13 +299,6 @@ def math_inputs(n: int, dataset: str | Path | None = None) -> list[dict[str, Any
         {"question": p.question, "steps": [], "reference": p.answer, "query_id": f"m{i}"}
         for i, p in enumerate(problems)
     ]
-
-
-def smollm2_folder() -> Path:
-    """Where ``scripts/fetch_smollm2.py`` puts SmolLM2-135M-Instruct (``$SPEC_TOT_CACHE_DIR``
-    or ``~/.cache/spec-tot``, then ``models/SmolLM2-135M-Instruct``)."""
-    cache = os.environ.get("SPEC_TOT_CACHE_DIR") or str(Path.home() / ".cache" / "spec-tot")
-    return Path(cache) / "models" / "SmolLM2-135M-Instruct"
 
 
 def _backend_options(backend: str) -> dict[str, Any]:

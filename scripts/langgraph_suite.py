@@ -2,7 +2,7 @@
 
 The tests come from the PyPI sdist of the installed LangGraph version (downloaded once,
 with ``pip download --no-deps --no-binary :all: langgraph==<version>``, into
-``$SPEC_TOT_CACHE_DIR/langgraph-tests/<version>``, else ``~/.cache/spec-tot/...``). Each
+``langgraph-tests/<version>`` in ``spec_tot.cache_dir.cache_root()``). Each
 mode runs the whole suite (the Postgres/Redis/Docker ones skipped, as LangGraph's own
 ``NO_DOCKER=true`` does):
 
@@ -33,6 +33,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from spec_tot.cache_dir import cache_root
+
 HERE = Path(__file__).resolve().parent
 TEST_DEPS = [
     "pytest-mock",
@@ -49,8 +51,7 @@ _DESELECT = ["tests/test_prune_postgres.py"]
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("SPEC_TOT_CACHE_DIR") or Path.home() / ".cache" / "spec-tot"
-    return Path(root) / "langgraph-tests" / importlib.metadata.version("langgraph")
+    return cache_root() / "langgraph-tests" / importlib.metadata.version("langgraph")
 
 
 def fetch(dest: Path) -> Path:

@@ -16,7 +16,7 @@ from spec_tot.errors import ConfigError, QueryTimeoutError
 from spec_tot.events import EventSink
 from spec_tot.executor.hub import BackendHub, QueryInput, hub_for
 from spec_tot.executor.run_queries import RunSpec, run_queries
-from spec_tot.nodes import GraphParts, State
+from spec_tot.graph_nodes import GraphParts, State
 from spec_tot.policies import create_policy
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult

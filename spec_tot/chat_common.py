@@ -1,18 +1,22 @@
-"""What spec-tot's chat models share: reading messages, cutting at stop words, usage."""
+"""What spec-tot's chat models share: their base class (LangChain's overrides, the timeout
+check), reading messages, cutting at stop words, usage."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.language_models import LangSmithParams
+from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessageChunk, BaseMessage, HumanMessage
 from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk
+from pydantic import ConfigDict
 
 from spec_tot.errors import ConfigError
 
 __all__ = [
+    "SpecTotChat",
+    "check_timeout",
     "cut_at_stop",
     "last_chunk",
     "last_human_text",
@@ -20,6 +24,12 @@ __all__ = [
     "messages_to_text",
     "usage",
 ]
+
+
+def check_timeout(timeout: float | None) -> None:
+    """A chat model's ``timeout`` (seconds a call may take): None, or above zero."""
+    if timeout is not None and not timeout > 0:
+        raise ConfigError("timeout", f"must be > 0, got {timeout}")
 
 
 def _text(message: BaseMessage, index: int) -> str:
@@ -96,3 +106,23 @@ def ls_params(model: Any, stop: Sequence[str] | None, kwargs: Mapping[str, Any])
     if stop or model.stop:
         params["ls_stop"] = list(stop or model.stop or [])
     return params
+
+
+class SpecTotChat(BaseChatModel):
+    """The base of spec-tot's chat models (``ToTChatModel``, ``ChatSpecTot``): LangChain's
+    type name (``llm_type``) and LangSmith parameters, and a ``timeout`` checked at
+    construction. Subclasses declare ``model_name``, ``temperature``, ``max_tokens``,
+    ``timeout`` and ``stop`` fields and call ``super().model_post_init``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+    llm_type: ClassVar[str] = "spec-tot"
+
+    def model_post_init(self, context: Any) -> None:
+        check_timeout(getattr(self, "timeout", None))
+
+    @property
+    def _llm_type(self) -> str:
+        return self.llm_type
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return ls_params(self, stop, kwargs)

@@ -32,16 +32,21 @@ from langchain_core.callbacks import (
     CallbackManagerForLLMRun,
 )
 from langchain_core.callbacks.manager import ahandle_event, handle_event
-from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import RunnableConfig, ensure_config
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.app import ToTApp, ToTResult
-from spec_tot.chat_common import cut_at_stop, last_chunk, last_human_text, ls_params, usage
-from spec_tot.errors import ConfigError, ExecutionError, QueryTimeoutError
+from spec_tot.chat_common import (
+    SpecTotChat,
+    cut_at_stop,
+    last_chunk,
+    last_human_text,
+    usage,
+)
+from spec_tot.errors import ExecutionError, QueryTimeoutError
 from spec_tot.events import ToTEvent
 from spec_tot.metrics import RunMetrics
 
@@ -50,14 +55,12 @@ __all__ = ["ToTChatModel"]
 Dispatch = Callable[[str, dict[str, Any]], Awaitable[None]]
 
 
-class ToTChatModel(BaseChatModel):
+class ToTChatModel(SpecTotChat):
     """A chat model whose answer is a Tree-of-Thought search by ``app``.
 
     ``input_key``: the state key the question goes to; ``extra_state``: more input state for
     every query (a target for ``check``, ...); ``progress``: stream search events as chunks.
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
 
     app: ToTApp
     model_name: str = Field(default="spec-tot", alias="model")
@@ -70,20 +73,9 @@ class ToTChatModel(BaseChatModel):
     max_retries: int = 0
     progress: bool = True
 
-    def model_post_init(self, context: Any) -> None:
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError("timeout", f"must be > 0, got {self.timeout}")
-
-    @property
-    def _llm_type(self) -> str:
-        return "spec-tot"
-
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "mode": self.app.config.mode}
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return ls_params(self, stop, kwargs)
 
     # -- the search -----------------------------------------------------------------------
     async def _search(

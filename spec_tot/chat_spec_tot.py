@@ -25,13 +25,12 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LangSmithParams
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
 from spec_tot._private.threads import iterate_in_thread, run_sync
 from spec_tot.backends import (
@@ -41,7 +40,13 @@ from spec_tot.backends import (
     start_backends,
 )
 from spec_tot.branch_context import BranchContext, current_branch
-from spec_tot.chat_common import cut_at_stop, last_chunk, ls_params, messages_to_text, usage
+from spec_tot.chat_common import (
+    SpecTotChat,
+    cut_at_stop,
+    last_chunk,
+    messages_to_text,
+    usage,
+)
 from spec_tot.errors import BackendError, ConfigError
 from spec_tot.executor.hub import hub_for
 from spec_tot.requests import (
@@ -57,10 +62,10 @@ from spec_tot.seeds import stable_seed
 __all__ = ["ChatSpecTot"]
 
 
-class ChatSpecTot(BaseChatModel):
+class ChatSpecTot(SpecTotChat):
     """A chat model whose completions come from a spec-tot ``GenerationBackend``."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+    llm_type: ClassVar[str] = "spec-tot-backend"
 
     backend: Any = Field(description="a GenerationBackend, or a registered backend name")
     backend_options: dict[str, Any] = Field(default_factory=dict)
@@ -86,12 +91,7 @@ class ChatSpecTot(BaseChatModel):
                 "backend", f"expected a GenerationBackend or a backend name, got {self.backend!r}"
             )
         self.sampling()  # validates temperature, top_p, top_k, max_tokens now
-        if self.timeout is not None and not self.timeout > 0:
-            raise ConfigError("timeout", f"must be > 0, got {self.timeout}")
-
-    @property
-    def _llm_type(self) -> str:
-        return "spec-tot-backend"
+        super().model_post_init(context)
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
@@ -112,9 +112,6 @@ class ChatSpecTot(BaseChatModel):
             registry = self.registry or default_registry()
             self._backend = registry.create(str(self.backend), **self.backend_options)
         return self._backend
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return ls_params(self, stop, kwargs)
 
     def sampling(self, stop: Sequence[str] | None = None, **kwargs: Any) -> SamplingParams:
         """The request's sampling: the model's fields, overridden per call by ``kwargs``."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from spec_tot.backends import GenerationBackend, RewardBackend
 from spec_tot.errors import ConfigError, GraphValidationError
-from spec_tot.nodes import (
+from spec_tot.graph_nodes import (
     END,
     START,
     ConditionalEdge,

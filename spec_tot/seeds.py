@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from spec_tot.nodes import State
+from spec_tot.graph_nodes import State
 
 __all__ = [
     "query_seed",

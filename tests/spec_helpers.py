@@ -26,6 +26,7 @@ from spec_tot.graph import END, START, State, ThoughtGraph
 from spec_tot.graphs.toy import ANSWER_PREFIX
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.requests import (
+    Capabilities,
     Completion,
     FinishReason,
     GenerateRequest,
@@ -414,3 +415,33 @@ async def run_two(
     batch = await app.arun_batch(inputs("q0", "q1"))
     assert backend.num_inflight == 0
     return batch, backend
+
+
+class Saturating(LatencyBackend):
+    """Saturates at ``capacity`` sequences; records the most speculative generations in
+    flight at once, and (optionally) reports a server-side load."""
+
+    def __init__(self, capacity: int, *args: Any, load: float | None = None) -> None:
+        super().__init__(*args)
+        self.capacity = capacity
+        self.load = load
+        self.speculative_now = self.peak_speculative = 0
+        self.speculative_requests = 0
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(name="saturating", saturation_batch=self.capacity)
+
+    def reported_load(self) -> float | None:
+        return self.load
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if not request.speculative:
+            return await super().generate(request)
+        self.speculative_requests += 1
+        self.speculative_now += 1
+        self.peak_speculative = max(self.peak_speculative, self.speculative_now)
+        try:
+            return await super().generate(request)
+        finally:
+            self.speculative_now -= 1

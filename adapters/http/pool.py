@@ -306,16 +306,11 @@ class EndpointPool:
         return response
 
     async def json(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        key: str | None = None,
-        only: str | None = None,
+        self, method: str, path: str, body: Any = None, **route: str | None
     ) -> tuple[str, Any]:
-        """Send and decode a JSON body; returns (worker URL, value)."""
-        async with self.send(method, path, body, key=key, only=only) as (endpoint, response):
+        """Send and decode a JSON body; returns (worker URL, value). ``route``: ``send``'s
+        ``key`` and ``only``."""
+        async with self.send(method, path, body, **route) as (endpoint, response):
             try:
                 raw = await response.aread()
             except httpx.HTTPError as exc:

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from spec_tot.errors import ExecutionError, GraphValidationError
-from spec_tot.nodes import END, START, ConditionalEdge, GraphNode, GraphParts, NodeKind, State
+from spec_tot.graph_nodes import END, START, ConditionalEdge, GraphNode, GraphParts, NodeKind, State
 
 __all__ = ["CompiledGraph", "apply_update", "maybe_await"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from spec_tot._private.compiled import CompiledGraph
-from spec_tot.nodes import END, START, NodeKind
+from spec_tot.graph_nodes import END, START, NodeKind
 
 __all__ = ["graph_to_mermaid"]
 

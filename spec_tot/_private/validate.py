@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from spec_tot.errors import GraphValidationError
-from spec_tot.nodes import END, START, GraphParts, NodeKind
+from spec_tot.graph_nodes import END, START, GraphParts, NodeKind
 
 __all__ = ["successors", "validate_graph"]
 

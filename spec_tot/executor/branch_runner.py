@@ -20,7 +20,7 @@ from typing import Any
 from spec_tot.backends import matches_prefix
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.segment import Cancelled, Memo, Replay, Segment
-from spec_tot.nodes import State
+from spec_tot.graph_nodes import State
 from spec_tot.tree import Node, NodeStatus
 
 __all__ = ["BranchRunner", "NodeRun"]

@@ -12,8 +12,8 @@ from spec_tot.config import ExecutorConfig, Speculation
 from spec_tot.events import EventKind, EventSink, ToTEvent
 from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.reward_router import RewardRouter
+from spec_tot.graph_nodes import State
 from spec_tot.metrics import MetricsRecorder
-from spec_tot.nodes import State
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.seeds import seed_below
 from spec_tot.tree import Node, SearchTree

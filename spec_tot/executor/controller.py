@@ -20,8 +20,8 @@ from spec_tot.executor.branch_runner import BranchRunner
 from spec_tot.executor.context import QueryContext
 from spec_tot.executor.dispatcher import ClientRules, Offer
 from spec_tot.executor.pruning import discard_unselected, early_prune, should_terminate
+from spec_tot.graph_nodes import GraphNode
 from spec_tot.metrics import QueryRecord
-from spec_tot.nodes import GraphNode
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
 from spec_tot.tree import Node, NodeStatus, SearchTree
 

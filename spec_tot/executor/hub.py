@@ -17,7 +17,7 @@ from spec_tot.errors import ConfigError
 from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.hit_rate_store import load_hit_rates, save_hit_rates
 from spec_tot.executor.reward_router import RewardRouter
-from spec_tot.nodes import State
+from spec_tot.graph_nodes import State
 from spec_tot.seeds import seed_key
 
 __all__ = ["BackendHub", "QueryInput", "hub_for"]

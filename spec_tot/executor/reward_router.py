@@ -18,8 +18,8 @@ from spec_tot.errors import ExecutionError
 from spec_tot.executor.reward_calls import ScoreCalls
 from spec_tot.executor.reward_rules import BatchRule, Pending, Queue
 from spec_tot.executor.reward_scorer import Scorer
+from spec_tot.graph_nodes import GraphNode, State
 from spec_tot.metrics import MetricsRecorder
-from spec_tot.nodes import GraphNode, State
 from spec_tot.requests import Capabilities, RewardItem
 
 __all__ = ["RewardRouter", "calibrated_lv"]

@@ -23,8 +23,8 @@ from spec_tot.executor.dispatcher import Dispatcher
 from spec_tot.executor.hub import BackendHub, QueryInput
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.executor.reward_rules import BatchRule, EagerRule, LazyRule, RoundRule
+from spec_tot.graph_nodes import State
 from spec_tot.metrics import MetricsRecorder
-from spec_tot.nodes import State
 from spec_tot.policies.base import SearchPolicy
 from spec_tot.results import BatchResult, ToTResult
 from spec_tot.seeds import query_seed

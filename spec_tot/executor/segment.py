@@ -21,7 +21,7 @@ from typing import Protocol
 from spec_tot._private.compiled import apply_update, maybe_await
 from spec_tot.errors import ExecutionError
 from spec_tot.executor.context import QueryContext
-from spec_tot.nodes import END, GraphNode, NodeKind, State
+from spec_tot.graph_nodes import END, GraphNode, NodeKind, State
 from spec_tot.requests import FinishReason, GenerateRequest, Priority, RewardItem
 from spec_tot.tree import Node, predicted_reward
 

@@ -142,7 +142,7 @@ def _plan(
     config: ExecutorConfig | None,
 ) -> SpeculationPlan:
     """The speculation plan every run of the graph shares: its roles, slots and limits."""
-    slots = SpeculationSlots(max_speculative)
+    slots = SpeculationSlots(max_speculative, max_level=max_depth)
     for generation_backend in _backends(backend):
         slots.learn(generation_backend)
     selects = [r for r in node_roles.values() if r.select]
@@ -150,7 +150,6 @@ def _plan(
         roles=node_roles,
         speculate=speculate,
         slots=slots,
-        max_depth=max_depth,
         strict=bool(selects) and all(r.top_k for r in selects),
         timeout_s=config.query_timeout_s if config is not None else None,
         base_nodes=nodes,

@@ -66,8 +66,6 @@ class PlanView(Protocol):
     @property
     def slots(self) -> SpeculationSlots: ...
     @property
-    def max_depth(self) -> int: ...
-    @property
     def strict(self) -> bool: ...
     @property
     def fork_nodes(self) -> dict[str, PregelNode]: ...
@@ -130,7 +128,6 @@ class GraphRun:
                 roles=plan.roles,
                 config=speculative_base(pregel.config),
                 slots=plan.slots.for_run(run.prefix, shares_loop=host is None),
-                max_depth=plan.max_depth,
                 strict=plan.strict,
                 prefix=run.prefix,
                 clock=run.clock,

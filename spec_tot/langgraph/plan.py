@@ -34,7 +34,6 @@ class SpeculationPlan:
     roles: Mapping[str, NodeRole]
     speculate: bool
     slots: SpeculationSlots
-    max_depth: int
     strict: bool
     timeout_s: float | None
     base_nodes: Mapping[str, PregelNode]

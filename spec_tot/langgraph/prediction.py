@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableConfig
 from spec_tot.langgraph._pregel import PregelExecutableTask, World
 from spec_tot.langgraph.entries import Entry, EntryTable, SendOwners, match_key
 from spec_tot.langgraph.roles import NodeRole
+from spec_tot.langgraph.slots import RunSlots
 from spec_tot.langgraph.steps import StepView
 
 __all__ = ["Prediction", "PredictionHost", "predict"]
@@ -38,7 +39,7 @@ class PredictionHost(Protocol):
     @property
     def config(self) -> RunnableConfig: ...
     @property
-    def max_depth(self) -> int: ...
+    def slots(self) -> RunSlots: ...
     @property
     def owners(self) -> SendOwners: ...
     @property
@@ -98,7 +99,7 @@ async def predict(spec: PredictionHost, view: StepView) -> Prediction:
             break
         if len(ready) < len(step_tasks):
             depth += 1
-            if depth > spec.max_depth:
+            if not spec.slots.reaches(depth):  # the dispatchers' gate
                 break
             exact = False
         for _, entry in ready:

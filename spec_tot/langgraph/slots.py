@@ -47,6 +47,9 @@ class SpeculationSlots:
     its own dispatcher for when it knows none."""
 
     limit: int | None = None
+    # How many partly-ready supersteps a prediction may build on (``from_langgraph``'s
+    # ``max_depth``): each run's ``max_level`` on every dispatcher, asked through ``reaches``.
+    max_level: int | None = None
     used: int = 0  # speculative tasks not yet adopted or ended
     hubs: list[BackendHub] = field(default_factory=list)
     own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
@@ -160,6 +163,11 @@ class RunSlots:
         lag = self.app.lag_s if self.shares_loop else 0.0
         return all(self._joined(d).quiet(self.key, lag) for d in self.app.dispatchers())
 
+    def reaches(self, level: int) -> bool:
+        """Whether a prediction may build on ``level`` partly-ready supersteps (every
+        dispatcher's ``reaches`` gate, under this run's rules)."""
+        return all(self._joined(d).reaches(self.key, level) for d in self.app.dispatchers())
+
     def observe_lag(self, seconds: float) -> None:
         if self.shares_loop:  # only a loop real tasks share says anything of their delay
             self.app.observe_lag(seconds)
@@ -251,7 +259,11 @@ class RunSlots:
 
     def _joined(self, dispatcher: Dispatcher) -> Dispatcher:
         """``dispatcher``, with this run's rules: priced, held back while the process is busy."""
-        rules = ClientRules(max_cpu_share=self.app.max_cpu_share, max_lag_s=self.app.max_lag_s)
+        rules = ClientRules(
+            max_level=self.app.max_level,
+            max_cpu_share=self.app.max_cpu_share,
+            max_lag_s=self.app.max_lag_s,
+        )
         if dispatcher.rules(self.key) != rules:
             dispatcher.join(self.key, rules)
         return dispatcher

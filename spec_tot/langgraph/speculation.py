@@ -51,7 +51,6 @@ class Speculator:
     roles: Mapping[str, NodeRole]
     config: RunnableConfig  # the loop's, as speculative tasks get it (_pregel.speculative_base)
     slots: RunSlots
-    max_depth: int
     strict: bool
     prefix: str
     clock: Callable[[], float]

@@ -8,7 +8,7 @@ huggingface/search-and-learn ``beam_search``).
   smaller id path) are kept and each is expanded with ``width`` children (<= n per round);
 - the search stops once ``n`` beams are completed, or when no child can be kept.
 ``keep_count`` is ``k`` (the round is a top-k, so early pruning keeps the selection).
-``predict`` (``RoundPolicy``'s chained prediction) applies this rule to the known children of
+``predict`` (``BreadthPolicy``'s chained prediction) applies this rule to the known children of
 the unfinished round (scored, or with a predicted reward), then to their known speculative
 children, and so on; utility ``(k - rank) / k`` per level: the higher a node ranks now, the
 likelier it stays in the top k.
@@ -16,40 +16,25 @@ likelier it stays in the top k.
 
 from __future__ import annotations
 
-from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
-from spec_tot.policies.checks import check_beam_shape
+from spec_tot.policies.breadth import BeamShaped
 from spec_tot.policies.ranking import rank
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["BeamSearch"]
 
 
-class BeamSearch(RoundPolicy):
+class BeamSearch(BeamShaped):
     name = "beam"
-
-    def __init__(
-        self,
-        n: int = 8,
-        width: int = 4,
-        max_depth: int = 40,
-        aggregation: str = "last",
-        vote: str = "best",
-    ) -> None:
-        check_beam_shape(n, width)
-        super().__init__(max_depth, aggregation, vote)
-        self.n = n
-        self.width = width
-        self.keep = n // width
 
     def _root_width(self) -> int:
         return self.n
 
     def keep_count(self, tree: SearchTree) -> int | None:
-        return self.keep
+        return self.beams
 
     def _select(self, tree: SearchTree, round_nodes: list[Node]) -> list[Expansion]:
         if self.completed >= self.n:
             return []
         active = [c for c in round_nodes if self.expandable(c)]
-        return [Expansion(c.id, self.width) for c in rank(active, self.score)[: self.keep]]
+        return [Expansion(c.id, self.width) for c in rank(active, self.score)[: self.beams]]

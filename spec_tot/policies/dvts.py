@@ -8,41 +8,26 @@ The budget ``n`` is split into ``m = n // width`` independent subtrees:
   is expanded with ``width`` children; otherwise (depth limit, or every child failed) the
   subtree ends. This is greedy beam search of width ``width`` per subtree.
 The answer votes over all terminal nodes (default: the best one). ``keep_count`` is ``None``:
-the selection is a top-1 per subtree, not a global top-k. ``predict`` (``RoundPolicy``'s
+the selection is a top-1 per subtree, not a global top-k. ``predict`` (``BreadthPolicy``'s
 chained prediction) applies the same rule to the known part of the round and of the rounds
 below it; utility falls with rank.
 """
 
 from __future__ import annotations
 
-from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
-from spec_tot.policies.checks import check_beam_shape
+from spec_tot.policies.breadth import BeamShaped
 from spec_tot.policies.ranking import rank
 from spec_tot.tree import Node, SearchTree
 
 __all__ = ["DVTS"]
 
 
-class DVTS(RoundPolicy):
+class DVTS(BeamShaped):
     name = "dvts"
 
-    def __init__(
-        self,
-        n: int = 8,
-        width: int = 4,
-        max_depth: int = 40,
-        aggregation: str = "last",
-        vote: str = "best",
-    ) -> None:
-        check_beam_shape(n, width)
-        super().__init__(max_depth, aggregation, vote)
-        self.n = n
-        self.width = width
-        self.subtrees = n // width
-
     def _root_width(self) -> int:
-        return self.subtrees * self.width
+        return self.beams * self.width
 
     def subtree_of(self, node: Node) -> int:
         """Index of the subtree that ``node`` belongs to (from its depth-1 ancestor)."""

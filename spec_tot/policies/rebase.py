@@ -16,8 +16,8 @@ its softmax), utility ``p_i`` per level.
 
 from __future__ import annotations
 
-from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.breadth import BreadthPolicy
 from spec_tot.policies.checks import check_positive, check_positive_float
 from spec_tot.policies.ranking import allocate, rank, softmax
 from spec_tot.tree import Node, SearchTree
@@ -25,7 +25,7 @@ from spec_tot.tree import Node, SearchTree
 __all__ = ["Rebase"]
 
 
-class Rebase(RoundPolicy):
+class Rebase(BreadthPolicy):
     name = "rebase"
 
     def __init__(

@@ -3,15 +3,15 @@ expanded with ``width`` samples, every new state is valued (the value prompt's s
 node's reward), and the ``breadth`` best states of the level are kept (ties to the smaller
 id path), terminal or not. Kept non-terminal states below ``max_depth`` are expanded next;
 the search stops when no kept state can be expanded. The answer is the best terminal state.
-``keep_count`` is ``breadth``; ``predict`` (``RoundPolicy``'s chained prediction) keeps the
+``keep_count`` is ``breadth``; ``predict`` (``BreadthPolicy``'s chained prediction) keeps the
 currently top-``breadth`` known states of the unfinished level, and of the levels below it,
 with utility ``(breadth - rank) / breadth``.
 """
 
 from __future__ import annotations
 
-from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
+from spec_tot.policies.breadth import BreadthPolicy
 from spec_tot.policies.checks import check_positive
 from spec_tot.policies.ranking import rank
 from spec_tot.tree import Node, SearchTree
@@ -19,7 +19,7 @@ from spec_tot.tree import Node, SearchTree
 __all__ = ["ToTBFS"]
 
 
-class ToTBFS(RoundPolicy):
+class ToTBFS(BreadthPolicy):
     name = "tot_bfs"
 
     def __init__(

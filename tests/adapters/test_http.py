@@ -362,8 +362,7 @@ async def test_a_sigstopped_process_is_routed_around_and_taken_back(
 ) -> None:
     """The real thing: a worker process stopped with SIGSTOP, then continued."""
     script = (
-        "import asyncio, sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "import asyncio\n"
         "from fake_sglang import FakeSGLang\n"
         "async def main():\n"
         "    srv = await FakeSGLang().start()\n"
@@ -371,8 +370,14 @@ async def test_a_sigstopped_process_is_routed_around_and_taken_back(
         "    await asyncio.Event().wait()\n"
         "asyncio.run(main())\n"
     )
+    # the tests' folder on the child's path (where fake_sglang.py lives)
+    path = os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+        sys.executable,
+        "-c",
+        script,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": path},
     )
     try:
         assert proc.stdout is not None

@@ -250,7 +250,7 @@ def plugin(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("plugin")
 def test_plugins_are_seen_by_compile_and_the_cli() -> None:
     from spec_tot import default_registry, policy_names
-    from spec_tot._cli_checks import backend_registry, policy_schema
+    from spec_tot.cli._checks import backend_registry, policy_schema
 
     with pytest.warns(UserWarning, match="may not replace the built-in 'local'"):
         names = default_registry().names()

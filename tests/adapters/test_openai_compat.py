@@ -151,7 +151,7 @@ async def test_forward_seed_off_sends_no_seed(server: FakeOpenAI) -> None:
 def test_the_cli_names_the_served_model_and_leaves_seeds_out(server: FakeOpenAI) -> None:
     """``--backend-opt model=NAME`` was refused as "not a known option", so every request
     went out as model ``default`` (vLLM: 404)."""
-    from spec_tot._cli_checks import parse_backend_options
+    from spec_tot.cli._checks import parse_backend_options
 
     options = parse_backend_options(["model=smollm2", "forward_seed=false"], "openai")
     assert options == {"model": "smollm2", "forward_seed": False}

@@ -249,7 +249,7 @@ def test_config_validation_names_the_field() -> None:
 
 
 def test_cli_bench_runs_the_sim_on_virtual_time() -> None:
-    from spec_tot.cli import _bench
+    from spec_tot.cli._execute import bench_rows as _bench
 
     started = time.perf_counter()
     rows = _bench(

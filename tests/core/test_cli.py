@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 from engine_fixtures import tiny_llama
 
-from spec_tot import cli, cli_kit
+import spec_tot.cli._execute as cli_execute
+from spec_tot import cli
 from spec_tot.adapters.local.serve import command as serve_command
+from spec_tot.cli import kit as cli_kit
 from spec_tot.errors import ConfigError
 
 __all__ = ["tiny_llama"]
@@ -406,14 +408,14 @@ def test_the_table_prints_even_when_the_json_cannot_be_written(
     meanwhile): the table and summary still print, then one error line, exit 1."""
     out_json = tmp_path / "gone" / "runs.json"
     out_json.parent.mkdir()
-    real = cli._execute
+    real = cli_execute.execute_plan
 
     def execute_then_lose_the_folder(*args: Any, **kwargs: Any) -> Any:
         runs = real(*args, **kwargs)
         out_json.parent.rmdir()
         return runs
 
-    monkeypatch.setattr(cli, "_execute", execute_then_lose_the_folder)
+    monkeypatch.setattr(cli_execute, "execute_plan", execute_then_lose_the_folder)
     code, out, err = invoke(
         capsys, "run", "--backend", "scripted", "--queries", "2", "--json", str(out_json)
     )

@@ -2,7 +2,7 @@
 ``if TYPE_CHECKING:`` blocks included: a cycle of types is a cycle a reader must hold in
 their head), and plug-ins use public names only: graphs/, adapters/, examples/ and
 benchmarks/ never import a private module of the core (``spec_tot._private``,
-``spec_tot._cli_checks``, ...; any import included)."""
+``spec_tot.cli._checks``, ...; any import included)."""
 
 from __future__ import annotations
 
@@ -84,8 +84,54 @@ def test_the_node_vocabulary_is_a_leaf() -> None:
     graph = core_import_graph()
     # backends: the RewardBackend a reward node may name (a type; the contracts module
     # imports nothing of the graph)
-    assert graph["spec_tot.nodes"] <= {"spec_tot.requests", "spec_tot.errors", "spec_tot.backends"}
-    assert not graph["spec_tot.backends"] & {"spec_tot.graph", "spec_tot.nodes"}
+    assert graph["spec_tot.graph_nodes"] <= {
+        "spec_tot.requests",
+        "spec_tot.errors",
+        "spec_tot.backends",
+    }
+    assert not graph["spec_tot.backends"] & {"spec_tot.graph", "spec_tot.graph_nodes"}
+
+
+def layer_imports(folder: Path, package: str) -> dict[str, set[str]]:
+    """Module of ``folder`` -> every module it imports (absolute, relative resolved against
+    ``package``, the dotted name of ``folder``), anywhere in the file."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        here = ".".join([package, *parts[:-1]])  # the package a relative import starts from
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = here.split(".")[: len(here.split(".")) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+                module = module if node.level else (node.module or "")
+                names.add(module)
+                names.update(f"{module}.{alias.name}" for alias in node.names)
+        found[str(path.relative_to(REPO))] = names
+    return found
+
+
+def test_the_model_layer_imports_nothing_above_it() -> None:
+    """``adapters/local/model/`` (the network, its kernels) sits below the scheduler: it takes
+    what it needs as its own types (``model/step_rows.py``), never the engine's, the engine
+    process's or the server's."""
+    model = REPO / "adapters" / "local" / "model"
+    above = ("engine", "core", "serve", "backend")
+    offenders = [
+        f"{path}: {name}"
+        for path, names in layer_imports(model, "spec_tot.adapters.local.model").items()
+        for name in names
+        if any((name + ".").startswith(f"spec_tot.adapters.local.{layer}.") for layer in above)
+    ]
+    assert not offenders, "\n".join(offenders)
+    planted = layer_imports(
+        REPO / "adapters" / "local" / "engine", "spec_tot.adapters.local.engine"
+    )
+    assert any(
+        n.startswith("spec_tot.adapters.local.model.") for names in planted.values() for n in names
+    ), "the check resolves relative imports (the engine imports the model layer)"
 
 
 def test_the_cycle_finder_finds_cycles() -> None:
@@ -163,7 +209,7 @@ def test_the_private_import_check_finds_them() -> None:
         "spec_tot._private.threads",
         "spec_tot._private.threads.run_sync",
     ]
-    assert private_imports("import spec_tot._cli_checks as c") == ["spec_tot._cli_checks"]
+    assert private_imports("import spec_tot.cli._checks as c") == ["spec_tot.cli._checks"]
     typed = (
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from spec_tot._private import x"
     )

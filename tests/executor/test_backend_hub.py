@@ -4,45 +4,13 @@ every app, batch and concurrent call in the process (``spec_tot.executor.hub_for
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
-from spec_helpers import LatencyBackend, make_app, tick_fn
+from spec_helpers import Saturating, make_app, tick_fn
 
 from spec_tot.adapters.scripted import ScriptedConfig
 from spec_tot.errors import ConfigError
 from spec_tot.executor import Dispatcher, hub_for
-from spec_tot.requests import Capabilities, GenerateRequest, GenerateResult
-
-
-class Saturating(LatencyBackend):
-    """Saturates at ``capacity`` sequences; records the most speculative generations in
-    flight at once, and (optionally) reports a server-side load."""
-
-    def __init__(self, capacity: int, *args: Any, load: float | None = None) -> None:
-        super().__init__(*args)
-        self.capacity = capacity
-        self.load = load
-        self.speculative_now = self.peak_speculative = 0
-        self.speculative_requests = 0
-
-    @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(name="saturating", saturation_batch=self.capacity)
-
-    def reported_load(self) -> float | None:
-        return self.load
-
-    async def generate(self, request: GenerateRequest) -> GenerateResult:
-        if not request.speculative:
-            return await super().generate(request)
-        self.speculative_requests += 1
-        self.speculative_now += 1
-        self.peak_speculative = max(self.peak_speculative, self.speculative_now)
-        try:
-            return await super().generate(request)
-        finally:
-            self.speculative_now -= 1
 
 
 @pytest.mark.parametrize("mode", ["spex", "full"])

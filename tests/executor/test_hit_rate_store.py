@@ -11,7 +11,7 @@ import pytest
 from spec_helpers import LatencyBackend, inputs, make_app
 
 from spec_tot import cli
-from spec_tot._cli_checks import hit_rate_file
+from spec_tot.cli._checks import hit_rate_file
 from spec_tot.config import ExecutorConfig
 from spec_tot.errors import ConfigError
 from spec_tot.executor import hub_for

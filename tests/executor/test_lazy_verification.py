@@ -24,8 +24,8 @@ from spec_tot.config import LazyVerification
 from spec_tot.errors import ConfigError
 from spec_tot.executor.reward_router import RewardRouter, calibrated_lv
 from spec_tot.graph import GraphNode, NodeKind
+from spec_tot.graph_nodes import default_reward_item
 from spec_tot.metrics import MetricsRecorder
-from spec_tot.nodes import default_reward_item
 from spec_tot.requests import Capabilities, RewardItem
 
 # Every LV rule off unless a test turns it on.

@@ -12,8 +12,7 @@ import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 from lg_examples import eager
-from spec_helpers import make_app, tick_fn
-from test_backend_hub import Saturating
+from spec_helpers import Saturating, make_app, tick_fn
 from typing_extensions import TypedDict
 
 from spec_tot.adapters.scripted import ScriptedConfig

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from policy_harness import Outcome, drive, table
 
-from spec_tot.policies._rounds import RoundPolicy
 from spec_tot.policies.base import Expansion
 from spec_tot.policies.beam import BeamSearch
+from spec_tot.policies.breadth import BreadthPolicy
 from spec_tot.policies.dvts import DVTS
 from spec_tot.policies.tot_bfs import ToTBFS
 from spec_tot.tree import NodeStatus, SearchTree
@@ -73,7 +73,7 @@ def test_beam_predict_ranks_scored_children_of_open_round() -> None:
     [BeamSearch(n=2, width=2), ToTBFS(breadth=1, width=2), DVTS(n=2, width=2)],
     ids=["beam", "tot_bfs", "dvts"],
 )
-def test_round_policies_predict_past_one_level(policy: RoundPolicy) -> None:
+def test_round_policies_predict_past_one_level(policy: BreadthPolicy) -> None:
     # The open round: q/0 (.2) received, q/1 (.8) scored but not yet received. q/1 is the
     # one selected, but it already has its two speculative children, generated with a
     # provisional reward and not scored: the chain goes on to select among them, as the

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.sequence import ScheduledRow
 from ..stage_clock import GpuTimer, StageClock
 from .attention import PagedKernel, PagedMeta
 from .model import DecoderModel, KVCache, StepInputs
+from .step_rows import StepRow
 
 __all__ = ["GraphStats", "GraphedDecode", "StepBuffer", "graph_buckets"]
 
@@ -81,11 +81,11 @@ class StepBuffer:
         self.device = torch.zeros(shape, dtype=torch.int64, device=device)
         self._copied: torch.cuda.Event | None = None
 
-    def fits(self, rows: Seq[ScheduledRow]) -> bool:
+    def fits(self, rows: Seq[StepRow]) -> bool:
         """Every row's context within ``max_blocks`` blocks."""
         return all(row.end <= self.max_blocks * self.block_size for row in rows)
 
-    def fill(self, rows: Seq[ScheduledRow], bucket: int) -> int:
+    def fill(self, rows: Seq[StepRow], bucket: int) -> int:
         """Write the rows' tokens (packed order) and pad to ``bucket``; returns the count."""
         if self._copied is not None:  # the last upload has left the pinned array
             self._copied.synchronize()
@@ -164,7 +164,7 @@ class GraphedDecode:
         self.note = ""
         self.graph_steps = self.eager_steps = self.padded_tokens = 0
 
-    def bucket(self, rows: Seq[ScheduledRow]) -> int | None:
+    def bucket(self, rows: Seq[StepRow]) -> int | None:
         """The bucket this step would replay, or None (too many tokens, too long a context,
         or graphs off)."""
         if not self.enabled:
@@ -225,7 +225,7 @@ class GraphedDecode:
         _log.warning("%s; decode runs eagerly", self.note)
 
     def run(
-        self, rows: Seq[ScheduledRow], bucket: int, clock: StageClock, gpu: GpuTimer
+        self, rows: Seq[StepRow], bucket: int, clock: StageClock, gpu: GpuTimer
     ) -> torch.Tensor | None:
         """The step's logits, or None when capturing failed (graphs are then off: the
         caller runs the step eagerly). Laps ``clock`` at "inputs" (and "capture"); ``gpu``

@@ -17,13 +17,13 @@ import torch
 from spec_tot.errors import ConfigError
 
 from ..config import ATTENTION_MODES
-from ..engine.sequence import ScheduledRow
 from ..stage_clock import GpuTimer, StageClock
 from .attention import DenseMeta, GatherPagedKernel, PagedKernel, PagedMeta, SparseMeta
 from .cuda_graphs import GraphedDecode
 from .model import DecoderModel, KVCache, StepInputs
 from .paged_kernel import load_paged_kernel
 from .step_meta import StepMeta
+from .step_rows import StepRow
 from .triton_paged import TritonPagedKernel, load_triton_kernel
 
 __all__ = ["ATTENTION_MODES", "ModelRunner"]
@@ -114,9 +114,7 @@ class ModelRunner:
                 self.kernel_note = self.kernel_note or "cuda_graphs needs attention='paged'"
                 _log.warning("CUDA graphs off: %s", self.kernel_note)
 
-    def _split(
-        self, rows: Seq[ScheduledRow], num_decode: int
-    ) -> tuple[list[ScheduledRow], list[ScheduledRow]]:
+    def _split(self, rows: Seq[StepRow], num_decode: int) -> tuple[list[StepRow], list[StepRow]]:
         """Rows for the sparse path (decode rows, and beside them short prompt chunks: a
         chunk of a few tokens costs less there than a gather and SDPA of its own) and the
         rest (prompts alone run faster through SDPA)."""
@@ -132,7 +130,7 @@ class ModelRunner:
         ]
 
     def prepare(
-        self, rows: Seq[ScheduledRow], num_decode: int
+        self, rows: Seq[StepRow], num_decode: int
     ) -> tuple[StepInputs, torch.Tensor | None]:
         """The step's inputs, and (when the rows had to be reordered: sparse tokens first)
         where each token of the plan's packed order went."""
@@ -180,7 +178,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(
         self,
-        rows: Seq[ScheduledRow],
+        rows: Seq[StepRow],
         num_decode: int,
         logit_tokens: Seq[int],
         cow: list[tuple[int, int]],
@@ -219,7 +217,7 @@ class ModelRunner:
         graphs = self.graphs
         return graphs.buckets[-1] if graphs is not None and graphs.enabled else None
 
-    def _all_paged(self, rows: Seq[ScheduledRow], num_decode: int) -> bool:
+    def _all_paged(self, rows: Seq[StepRow], num_decode: int) -> bool:
         sparse_rows, dense_rows = self._split(rows, num_decode)
         return bool(sparse_rows) and not dense_rows and self.attention == "paged"
 

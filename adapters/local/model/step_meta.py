@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from ..engine.sequence import ScheduledRow
 from .attention import DenseMeta, PagedMeta, SparseMeta
 from .host_copy import to_device
 from .model import KVCache
+from .step_rows import StepRow
 
 __all__ = ["RAGGED_BELOW", "RAGGED_MIN_WASTE", "StepMeta"]
 
@@ -56,7 +56,7 @@ class StepMeta:
     def tensor(self, data: Seq[object]) -> torch.Tensor:
         return to_device(data, torch.int64, self.device)
 
-    def _tables(self, rows: Seq[ScheduledRow], blocks: int) -> torch.Tensor:
+    def _tables(self, rows: Seq[StepRow], blocks: int) -> torch.Tensor:
         """``[rows, blocks]`` block ids of each row (past a row's table: the scratch block)."""
         tables = []
         for row in rows:
@@ -64,7 +64,7 @@ class StepMeta:
             tables.append(table + [self._scratch] * (blocks - len(table)))
         return self.tensor(tables)
 
-    def _gather_index(self, rows: Seq[ScheduledRow], width: int) -> torch.Tensor:
+    def _gather_index(self, rows: Seq[StepRow], width: int) -> torch.Tensor:
         """``[rows, width]`` flat pool slots of positions ``0..width-1`` of each row (past a
         row's table: the scratch block)."""
         bs = self.block_size
@@ -72,7 +72,7 @@ class StepMeta:
         index = (table_t[:, :, None] * bs + self._slot_offsets).view(len(rows), -1)
         return index[:, :width]
 
-    def _token_rows(self, rows: Seq[ScheduledRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_rows(self, rows: Seq[StepRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Positions of the rows' tokens, one per token, and (when a row has more than one:
         short prompt chunks, each token a query of its own) the row each token is of."""
         if all(row.num_tokens == 1 for row in rows):
@@ -84,7 +84,7 @@ class StepMeta:
         positions = starts[row_of] + torch.arange(row_of.numel(), device=self.device)
         return positions - first[row_of], row_of
 
-    def paged(self, rows: Seq[ScheduledRow]) -> tuple[PagedMeta, torch.Tensor, torch.Tensor]:
+    def paged(self, rows: Seq[StepRow]) -> tuple[PagedMeta, torch.Tensor, torch.Tensor]:
         """Meta of rows whose tokens attend through the fused kernel (a token at position p
         sees slots 0..p), their write slots and positions."""
         assert self._kernel is not None  # attention == "paged" only with a kernel
@@ -101,7 +101,7 @@ class StepMeta:
         zeros = torch.zeros(allowed.shape, dtype=self._dtype, device=self.device)
         return zeros.masked_fill_(~allowed, float("-inf"))
 
-    def sparse(self, rows: Seq[ScheduledRow]) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
+    def sparse(self, rows: Seq[StepRow]) -> tuple[SparseMeta, torch.Tensor, torch.Tensor]:
         """Meta of rows whose tokens attend through the sparse path (one pattern row per
         token and head: a token at position p sees slots 0..p), their write slots and
         positions."""
@@ -142,7 +142,7 @@ class StepMeta:
         return SparseMeta(pattern, crow, cols, mask, width, n, flat), slots, positions
 
     def dense(
-        self, rows: Seq[ScheduledRow], first_token: int
+        self, rows: Seq[StepRow], first_token: int
     ) -> tuple[DenseMeta, torch.Tensor, torch.Tensor]:
         """Meta for a group of rows, their write slots and positions (packed order)."""
         n_rows = len(rows)

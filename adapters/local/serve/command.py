@@ -1,7 +1,7 @@
 """``spec-tot serve``: the embedded engine over SGLang's native HTTP API (and OpenAI's).
 
 Registered with the core CLI through the ``spec_tot.commands`` entry point group (see
-``spec_tot.cli_kit``): the core knows nothing of the server. Every option is checked (auth,
+``spec_tot.cli.kit``): the core knows nothing of the server. Every option is checked (auth,
 limits, the port tried) before the engine loads.
 """
 
@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from spec_tot import cli_kit
-from spec_tot.cli_kit import (
+from spec_tot.cli import kit as cli_kit
+from spec_tot.cli.kit import (
     BackendParamOpt,
     ProgramOpt,
     as_option,

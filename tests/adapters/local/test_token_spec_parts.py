@@ -178,7 +178,7 @@ def test_config_errors_name_the_field(options: dict[str, Any], field: str) -> No
 
 def test_the_cli_switch_reaches_the_engine_option() -> None:
     """``spec-tot run --backend-opt token_speculation=false`` is the CLI's off switch."""
-    from spec_tot._cli_checks import parse_backend_options
+    from spec_tot.cli._checks import parse_backend_options
 
     assert parse_backend_options(["token_speculation=false"], "local") == {
         "token_speculation": False
@@ -244,7 +244,7 @@ def test_stats_are_plain_numbers(make_engine: Any) -> None:
 def test_run_metrics_and_table_carry_the_figures() -> None:
     from rich.console import Console
 
-    from spec_tot._cli_report import RunOutcome, report
+    from spec_tot.cli._report import RunOutcome, report
 
     metrics = MetricsRecorder().summary(wall_s=1.0)
     stats = {

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from spec_tot._cli_checks import as_option, backend_registry, backend_schema, schema_of
+from spec_tot.cli._checks import as_option, backend_registry, backend_schema, schema_of
 from spec_tot.config import MODES
 from spec_tot.plugins import load_target
 from spec_tot.policies import POLICY_NAMES, create_policy, policy_names

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from spec_tot._cli_report import RunOutcome
+from spec_tot.cli._report import RunOutcome
 from spec_tot.executor.controller import record_for
 from spec_tot.metrics import MetricsRecorder
 from spec_tot.results import BatchResult, ToTResult

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from spec_tot._cli_rounds import rounds_payload, rounds_table, summarize_rows
+from spec_tot.cli._bench_table import rounds_payload, rounds_table, summarize_rows
 from spec_tot.errors import ExecutionError
 
 __all__ = ["RunOutcome", "report"]

@@ -10,6 +10,7 @@ them into one-line usage errors (exit 2), other failures into one line (exit 1).
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spec_tot._cli_checks import (
+from spec_tot.backends import BUILT_IN_BACKENDS, BackendRegistry
+from spec_tot.cli._checks import (
     as_option,
     backend_error,
     backend_registry,
@@ -28,7 +30,6 @@ from spec_tot._cli_checks import (
     schema_of,
     typed_pairs,
 )
-from spec_tot.backends import BUILT_IN_BACKENDS, BackendRegistry
 from spec_tot.errors import ConfigError, ExecutionError, UnknownNameError
 from spec_tot.plugins import declared, load_target
 from spec_tot.policies import POLICY_NAMES
@@ -50,6 +51,7 @@ __all__ = [
     "console",
     "error_line",
     "load_program",
+    "out",
     "parse_backend_options",
     "parse_pairs",
     "schema_of",
@@ -108,8 +110,10 @@ DatasetOpt = Annotated[
     ),
 ]
 
-# Messages and progress on stderr: stdout carries results.
+# Messages and progress on stderr: stdout carries results, wide enough for the results
+# table when piped to a file or a CI log.
 console = Console(stderr=True)
+out = Console(width=max(shutil.get_terminal_size((160, 24)).columns, 150))
 
 
 def start_backend(

@@ -1,4 +1,4 @@
-"""``RoundPolicy``: the shared skeleton of the BFS-style policies (beam, DVTS, REBASE, ETS,
+"""``BreadthPolicy``: the shared skeleton of the BFS-style policies (beam, DVTS, REBASE, ETS,
 ToT BFS). A round is the set of children of the expansions committed together; the next
 selection happens only once every child of the round is resolved (the reward barrier that
 speculation runs ahead of). Subclasses supply the root width and the selection rule.
@@ -10,12 +10,17 @@ from abc import abstractmethod
 from collections.abc import Sequence
 
 from spec_tot.policies.base import Answer, Candidate, Expansion, SearchPolicy, startable_width
-from spec_tot.policies.checks import check_aggregation, check_positive, check_vote
+from spec_tot.policies.checks import (
+    check_aggregation,
+    check_beam_shape,
+    check_positive,
+    check_vote,
+)
 from spec_tot.policies.outstanding import Outstanding
 from spec_tot.policies.ranking import Vote, fit_budget, vote_answer
 from spec_tot.tree import Aggregation, Node, NodeStatus, SearchTree
 
-__all__ = ["RoundPolicy"]
+__all__ = ["BeamShaped", "BreadthPolicy"]
 
 _MAX_LEVELS = 8  # prediction depth below the open round (the executor caps it further)
 
@@ -24,7 +29,7 @@ def _key(node: Node) -> tuple[int, ...]:
     return node.key
 
 
-class RoundPolicy(SearchPolicy):
+class BreadthPolicy(SearchPolicy):
     discards_unselected = True
 
     def __init__(self, max_depth: int, aggregation: str, vote: str) -> None:
@@ -127,7 +132,7 @@ class RoundPolicy(SearchPolicy):
         return expansions
 
 
-def _with_placeholders(shadow: RoundPolicy, level: list[Node]) -> list[Node]:
+def _with_placeholders(shadow: BreadthPolicy, level: list[Node]) -> list[Node]:
     """``level``'s known nodes and its live unknown ones (still generating), these with the
     known nodes' mean predicted score as a placeholder on ``shadow``: the round is ranked
     whole. Empty when no node is known (nothing could start below it)."""
@@ -143,3 +148,23 @@ def _with_placeholders(shadow: RoundPolicy, level: list[Node]) -> list[Node]:
 
 def _is_final_answer(node: Node) -> bool:
     return node.terminal and node.status is NodeStatus.SCORED
+
+
+class BeamShaped(BreadthPolicy):
+    """A breadth policy over ``n`` samples a round in ``n // width`` beams of ``width``
+    (beam search keeps the best ``beams`` and expands each ``width`` ways; DVTS grows
+    ``beams`` independent subtrees)."""
+
+    def __init__(
+        self,
+        n: int = 8,
+        width: int = 4,
+        max_depth: int = 40,
+        aggregation: str = "last",
+        vote: str = "best",
+    ) -> None:
+        check_beam_shape(n, width)
+        super().__init__(max_depth, aggregation, vote)
+        self.n = n
+        self.width = width
+        self.beams = n // width
