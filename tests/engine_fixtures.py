@@ -17,6 +17,7 @@ __all__ = [
     "assert_pool_free",
     "break_bookkeeping",
     "build_tokenizer",
+    "built_kernel",
     "make_backend",
     "make_engine",
     "make_prm_folder",
@@ -258,3 +259,12 @@ def break_bookkeeping(core: Any) -> None:
 
     post.append = append
     _mark_hooked(core)
+
+
+def built_kernel(load: Any, root: Path, what: str) -> Any:
+    """``load(root)``'s kernel; CI has gcc, so a kernel that does not build is a failure
+    there, not a skip."""
+    kernel, why = load(root)
+    if kernel is None:
+        pytest.fail(f"{what} did not build: {why}")
+    return kernel

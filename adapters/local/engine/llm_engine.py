@@ -62,7 +62,7 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, self.device)
         if loaded is None:
             if config.model is not None:
-                loaded = load_model_folder(config.model, self.device, dtype)
+                loaded = load_model_folder(config.model, self.device, dtype, weights=config.weights)
             else:
                 loaded = build_random_model(
                     config.model_config or {}, self.device, dtype, config.seed

@@ -17,14 +17,19 @@ The packed copies double the matmul weights' memory on CPU (the model keeps its 
 tensors: the embedding lookup, a rebuild and the unpacked path read them). Everything else
 (CUDA, other dtypes, oneDNN unavailable or ``torch.backends.mkldnn.enabled`` off) runs
 ``F.linear`` on the model's own weight: no copy is made.
+
+With ``weights="q4"`` a weight that ships as GGUF Q4_1 also has a ``Q4Path``
+(``q4_weights.py``): calls of few rows (a decode step) read its 4-bit codes instead.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ONEDNN_MIN_WEIGHT", "ONEDNN_MIN_WORK", "ONEDNN_PACK_ROWS", "Linear"]
+__all__ = ["ONEDNN_MIN_WEIGHT", "ONEDNN_MIN_WORK", "ONEDNN_PACK_ROWS", "Linear", "Q4Path"]
 
 # A weight of at least this many elements takes oneDNN at every row count (its read
 # dominates the fixed cost of a call).
@@ -48,6 +53,20 @@ def _onednn_applies(weight: torch.Tensor) -> bool:
     )
 
 
+class Q4Path:
+    """A weight's Q4_1 twin (``q4_weights.Q4Weight``) and the kernel that multiplies by it,
+    taken for calls of at most ``max_rows`` rows (measured: ``DecoderModel.attach_q4``)."""
+
+    __slots__ = ("kernel", "max_rows", "weight")
+
+    def __init__(self, weight: Any, kernel: Any, max_rows: int) -> None:
+        self.weight, self.kernel, self.max_rows = weight, kernel, max_rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.kernel.linear(x, self.weight)
+        return out
+
+
 class Linear:
     """``y = x @ weight.T + bias`` over ``x`` ``[rows, in]``, and the same with an epilogue
     fused into the matmul where oneDNN runs it: ``silu(y)``, ``y * other``, ``y + other``
@@ -60,11 +79,14 @@ class Linear:
     ``"torch"``); ``packed`` says whether oneDNN runs it at some row count.
     """
 
-    __slots__ = ("_min_rows", "_packed", "_packed_bias", "bias", "weight")
+    __slots__ = ("_min_rows", "_packed", "_packed_bias", "bias", "q4", "weight")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, q4: Q4Path | None = None
+    ) -> None:
         self.weight = weight
         self.bias = bias
+        self.q4 = q4 if bias is None else None  # the Q4 kernel adds no bias
         self._packed: torch.Tensor | None = None
         self._packed_bias: torch.Tensor | None = None
         self._min_rows = _NEVER
@@ -83,27 +105,37 @@ class Linear:
         return self._packed is not None
 
     def kernel(self, rows: int) -> str:
+        if self.q4 is not None and rows <= self.q4.max_rows:
+            return "q4"
         return "onednn" if rows >= self._min_rows else "torch"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
+            return self.q4(x)
         if x.shape[0] >= self._min_rows:
             return self._onednn(x, "none")
         return F.linear(x, self.weight, self.bias)
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ weight.T + bias)``."""
+        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
+            return F.silu(self.q4(x))
         if x.shape[0] >= self._min_rows:
             return self._onednn(x, "swish")
         return F.silu(F.linear(x, self.weight, self.bias))
 
     def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x @ weight.T + bias) * other`` (``other``: the output's shape)."""
+        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
+            return self.q4(x).mul_(other)
         if x.shape[0] >= self._min_rows:
             return self._binary(x, other, "mul")
         return F.linear(x, self.weight, self.bias) * other
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x @ weight.T + bias) + other`` (a residual: the output's shape)."""
+        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
+            return self.q4(x).add_(other)
         if x.shape[0] >= self._min_rows:
             return self._binary(x, other, "add")
         return F.linear(x, self.weight, self.bias) + other

@@ -11,6 +11,7 @@ import torch
 
 from spec_tot.errors import ConfigError
 
+from .linear import Linear
 from .model import DecoderModel, ModelArgs, rope_inv_freq, rope_tables
 from .model_files import check_model_folder
 
@@ -57,9 +58,15 @@ def _build(config: Any, device: str, dtype: torch.dtype) -> DecoderModel:
 
 
 def load_model_folder(
-    path: str | Path, device: str, dtype: torch.dtype, with_tokenizer: bool = True
+    path: str | Path,
+    device: str,
+    dtype: torch.dtype,
+    with_tokenizer: bool = True,
+    weights: str = "float",
 ) -> LoadedModel:
-    """Read ``config.json``, every ``*.safetensors`` and the tokenizer from ``path``."""
+    """Read ``config.json``, every ``*.safetensors`` and the tokenizer from ``path``;
+    ``weights="q4"``: also its ``model.gguf``'s Q4_1 matrices, run at the decode steps
+    where they measured faster (``q4_weights.py``)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
@@ -72,10 +79,32 @@ def load_model_folder(
     for file in files:
         tensors.update(load_file(str(file), device="cpu"))
     model.load_hf_weights(tensors)
+    if weights == "q4":
+        _attach_q4(model, folder, device, dtype)
     tokenizer = (
         AutoTokenizer.from_pretrained(folder, local_files_only=True) if with_tokenizer else None
     )
     return LoadedModel(model, model.args, tokenizer, config)
+
+
+def _attach_q4(model: DecoderModel, folder: Path, device: str, dtype: torch.dtype) -> None:
+    from .q4_weights import load_q4_kernel, q4_max_rows, read_gguf_q4
+
+    gguf = folder / "model.gguf"
+    if device != "cpu" or dtype != torch.float32:
+        raise ConfigError("weights", f"q4 runs on the CPU in float32, not {device} {dtype}")
+    if not gguf.is_file():
+        raise ConfigError("weights", f"q4 reads the model's GGUF, and {str(gguf)!r} is missing")
+    kernel, error = load_q4_kernel()
+    if kernel is None:
+        raise ConfigError("weights", f"q4 needs its C kernel: {error}")
+    args = model.args
+    quantized = read_gguf_q4(gguf, args.num_heads, args.num_kv_heads)
+    gate = quantized.get("model.layers.0.mlp.gate_proj.weight")
+    if gate is None:
+        raise ConfigError("weights", f"{str(gguf)!r} holds no Q4_1 matrices")
+    dense = Linear(gate.dequantize())
+    model.attach_q4(quantized, kernel, q4_max_rows(kernel, gate, dense))
 
 
 def make_hf_config(config: dict[str, Any]) -> Any:

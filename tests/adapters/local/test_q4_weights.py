@@ -1,0 +1,143 @@
+"""GGUF Q4_1 weights at decode steps (``EngineConfig(weights="q4")``): the C kernel against
+the dequantized weights, the Linear paths, reading a GGUF (rows in Hugging Face's order),
+and the refusals naming the option."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from engine_fixtures import built_kernel, tiny_llama
+
+from spec_tot.adapters.local.config import EngineConfig
+from spec_tot.adapters.local.model.linear import Linear, Q4Path
+from spec_tot.adapters.local.model.loader import load_model_folder
+from spec_tot.adapters.local.model.q4_weights import (
+    Q4Kernel,
+    Q4Weight,
+    load_q4_kernel,
+    read_gguf_q4,
+)
+from spec_tot.errors import ConfigError
+from spec_tot.peers.smollm2 import smollm2_folder, unpermute
+
+__all__ = ["tiny_llama"]  # a fixture, imported for pytest
+
+
+@pytest.fixture(scope="module")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> Q4Kernel:
+    return built_kernel(load_q4_kernel, tmp_path_factory.mktemp("cache"), "the Q4 kernel")
+
+
+def random_q4(n: int, k: int, seed: int = 0) -> Q4Weight:
+    """Random Q4_1 blocks as GGUF lays them out (fp16 d, fp16 m, 16 bytes of codes)."""
+    rng = np.random.default_rng(seed)
+    blocks = np.zeros((n, k // 32, 20), dtype=np.uint8)
+    scales = np.stack([rng.uniform(0.001, 0.02, (n, k // 32)),
+                       rng.uniform(-0.1, 0.0, (n, k // 32))], -1).astype(np.float16)  # fmt: skip
+    blocks[:, :, :4] = scales.view(np.uint8).reshape(n, k // 32, 4)
+    blocks[:, :, 4:] = rng.integers(0, 256, (n, k // 32, 16), dtype=np.uint8)
+    return Q4Weight.from_blocks(blocks.reshape(n, -1), n, k)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
+def test_the_kernel_is_the_dequantized_matmul(kernel: Q4Kernel, rows: int) -> None:
+    weight = random_q4(70, 96, seed=rows)
+    dense = weight.dequantize()
+    # inputs int8 represents exactly (every block of 32 spans -127..127): exact sums
+    codes = torch.randint(-127, 128, (rows, 96)).float()
+    codes[:, ::32] = 127.0
+    x = codes * 0.01
+    assert torch.allclose(kernel.linear(x, weight), x @ dense.T, rtol=1e-5, atol=1e-5)
+    # any input: int8 per block of 32 as llama.cpp does, about 1% off
+    wide = torch.randn(rows, 2 * 96)[:, ::2]  # strided rows
+    ref = wide @ dense.T
+    assert ((kernel.linear(wide, weight) - ref).norm() / ref.norm()).item() < 0.03
+
+
+def test_a_linear_takes_the_q4_path_up_to_its_rows(kernel: Q4Kernel) -> None:
+    weight = random_q4(64, 64)
+    dense = weight.dequantize()
+    linear = Linear(dense, q4=Q4Path(weight, kernel, max_rows=2))
+    assert [linear.kernel(r) for r in (1, 2, 3)][:2] == ["q4", "q4"]
+    assert linear.kernel(3) != "q4"
+    x, other = torch.randn(2, 64), torch.randn(2, 64)
+    q4 = kernel.linear(x, weight)
+    assert torch.equal(linear(x), q4)
+    assert torch.allclose(linear.silu(x), torch.nn.functional.silu(q4))
+    assert torch.allclose(linear.times(x, other), q4 * other)
+    assert torch.allclose(linear.plus(x, other), q4 + other)
+    many = torch.randn(3, 64)
+    assert torch.allclose(linear(many), many @ dense.T, rtol=1e-4, atol=1e-5)  # float path
+
+
+def test_a_gguf_is_read_in_hugging_face_row_order(tmp_path: Path) -> None:
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.02, (64, 64)).astype(np.float32)  # 4 heads of 16 rows
+    writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    q = quantize(w, gguf.GGMLQuantizationType.Q4_1)
+    writer.add_tensor("blk.0.attn_q.weight", q, raw_shape=q.shape,
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_1)  # fmt: skip
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    read = read_gguf_q4(tmp_path / "m.gguf", heads=4, kv_heads=4)
+    (name, weight), *_ = read.items()
+    assert name == "model.layers.0.self_attn.q_proj.weight"
+    expected = unpermute(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q4_1), 4)
+    assert np.allclose(weight.dequantize().numpy(), expected.reshape(64, 64), atol=1e-6)
+
+
+def test_smollm2s_q4_weights_are_its_float_weights() -> None:
+    """On the real model when fetched (CI fetches it): the GGUF's Q4_1 matrices, read in
+    Hugging Face's order, are the float folder's weights."""
+    folder = smollm2_folder()
+    if not (folder / "model.gguf").is_file():
+        pytest.skip("SmolLM2 not fetched (python scripts/fetch_smollm2.py)")
+    from safetensors import safe_open
+
+    read = read_gguf_q4(folder / "model.gguf", heads=9, kv_heads=3)
+    with safe_open(str(folder / "model.safetensors"), "pt") as tensors:
+        for name in ("model.layers.0.self_attn.q_proj.weight",
+                     "model.layers.29.mlp.down_proj.weight"):  # fmt: skip
+            assert torch.allclose(read[name].dequantize(), tensors.get_tensor(name), atol=1e-6)
+
+
+def test_q4_is_refused_naming_the_option(tiny_llama: Path) -> None:
+    with pytest.raises(ConfigError, match="weights"):
+        EngineConfig(model=str(tiny_llama), weights="int3")
+    with pytest.raises(ConfigError, match=r"weights: .*model\.gguf.* is missing"):
+        load_model_folder(tiny_llama, "cpu", torch.float32, with_tokenizer=False, weights="q4")
+    with pytest.raises(ConfigError, match="weights: q4 runs on the CPU in float32"):
+        load_model_folder(tiny_llama, "cpu", torch.bfloat16, with_tokenizer=False, weights="q4")
+
+
+def test_the_engine_runs_smollm2_on_its_q4_weights() -> None:
+    """End to end on the real model when fetched: the engine loads ``weights="q4"``, its
+    decode steps take the Q4 path where it measured faster, and greedy decoding runs to the
+    end with every KV block freed."""
+    folder = smollm2_folder()
+    if not (folder / "model.gguf").is_file():
+        pytest.skip("SmolLM2 not fetched (python scripts/fetch_smollm2.py)")
+    from engine_fixtures import assert_pool_free
+
+    from spec_tot.adapters.local.engine.llm_engine import LLMEngine
+    from spec_tot.requests import GenerateRequest, SamplingParams
+
+    engine = LLMEngine(EngineConfig(model=str(folder), weights="q4", num_kv_blocks=64,
+                                    max_model_len=256, saturation_batch=4))  # fmt: skip
+    layer = engine.loaded.model.layer(0)
+    assert layer.o_linear.q4 is not None and layer.down_linear.q4 is not None
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    engine.add_request(GenerateRequest("q", params, prompt="What is 2 + 3?"))
+    done = []
+    while engine.has_unfinished():
+        done.extend(engine.step())
+    assert len(done) == 1 and done[0].completions[0].num_tokens == 8
+    assert_pool_free(engine)
