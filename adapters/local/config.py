@@ -65,9 +65,9 @@ def check_kv_pool(num_blocks: int, block_size: int, prefix: str = "") -> None:
         )
 
 
-# ``EngineConfig.weights``: the model's float weights only, or also a GGUF's Q4_1 matrices at
-# decode steps (``model/q4_weights.py``).
-WEIGHTS = ("float", "q4")
+# ``EngineConfig.weights``: the model's float weights only, or also its GGUF's quantized
+# matrices at decode steps (``model/gguf_weights.py``).
+WEIGHTS = ("float", "gguf")
 # Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Names accepted for ``EngineConfig.attention`` (the decode paths of ``runner.ModelRunner``).
@@ -109,10 +109,10 @@ class EngineConfig:
     """Everything the engine needs. Exactly one of ``model`` (a local Hugging Face folder) and
     ``model_config`` (a config dict: random weights, no file) is set.
 
-    ``weights``: ``"float"`` runs the folder's float weights; ``"q4"`` also reads its
-    ``model.gguf`` (``scripts/fetch_smollm2.py`` keeps it) and runs its Q4_1 matrices at the
-    decode steps where they measured faster (CPU, float32: ``model/q4_weights.py``; inputs
-    quantized to int8 per 32 as llama.cpp does, so outputs move by about 1%).
+    ``weights``: ``"float"`` runs the folder's float weights; ``"gguf"`` also reads its
+    ``model.gguf`` (``scripts/fetch_smollm2.py`` keeps it) and runs its Q4_1 / Q8_0 matrices
+    at the decode steps where they measured faster (CPU, float32: ``model/gguf_weights.py``;
+    inputs quantized to int8 per 32 as llama.cpp does, so outputs move by about 1%).
     ``num_kv_blocks`` sizes the paged KV pool (``block_size`` tokens a block).
     ``saturation_batch``: ``None`` measures it at start-up (the engine's full step cost vs
     batch size, cached per model and machine), an int is taken as given.

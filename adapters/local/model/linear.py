@@ -18,8 +18,9 @@ tensors: the embedding lookup, a rebuild and the unpacked path read them). Every
 (CUDA, other dtypes, oneDNN unavailable or ``torch.backends.mkldnn.enabled`` off) runs
 ``F.linear`` on the model's own weight: no copy is made.
 
-With ``weights="q4"`` a weight that ships as GGUF Q4_1 also has a ``Q4Path``
-(``q4_weights.py``): calls of few rows (a decode step) read its 4-bit codes instead.
+With ``weights="gguf"`` a weight that ships quantized in the model's GGUF also has a
+``QuantPath`` (``gguf_weights.py``): calls of few rows (a decode step) read its codes
+instead.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["ONEDNN_MIN_WEIGHT", "ONEDNN_MIN_WORK", "ONEDNN_PACK_ROWS", "Linear", "Q4Path"]
+__all__ = ["ONEDNN_MIN_WEIGHT", "ONEDNN_MIN_WORK", "ONEDNN_PACK_ROWS", "Linear", "QuantPath"]
 
 # A weight of at least this many elements takes oneDNN at every row count (its read
 # dominates the fixed cost of a call).
@@ -53,9 +54,10 @@ def _onednn_applies(weight: torch.Tensor) -> bool:
     )
 
 
-class Q4Path:
-    """A weight's Q4_1 twin (``q4_weights.Q4Weight``) and the kernel that multiplies by it,
-    taken for calls of at most ``max_rows`` rows (measured: ``DecoderModel.attach_q4``)."""
+class QuantPath:
+    """A weight's quantized twin as its GGUF ships it (``gguf_weights.Q4Weight`` /
+    ``Q8Weight``) and the kernel that multiplies by it, taken for calls of at most
+    ``max_rows`` rows (measured: ``DecoderModel.attach_quantized``)."""
 
     __slots__ = ("kernel", "max_rows", "weight")
 
@@ -79,14 +81,14 @@ class Linear:
     ``"torch"``); ``packed`` says whether oneDNN runs it at some row count.
     """
 
-    __slots__ = ("_min_rows", "_packed", "_packed_bias", "bias", "q4", "weight")
+    __slots__ = ("_min_rows", "_packed", "_packed_bias", "bias", "quant", "weight")
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None = None, q4: Q4Path | None = None
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, quant: QuantPath | None = None
     ) -> None:
         self.weight = weight
         self.bias = bias
-        self.q4 = q4 if bias is None else None  # the Q4 kernel adds no bias
+        self.quant = quant if bias is None else None  # the quantized kernel adds no bias
         self._packed: torch.Tensor | None = None
         self._packed_bias: torch.Tensor | None = None
         self._min_rows = _NEVER
@@ -105,37 +107,37 @@ class Linear:
         return self._packed is not None
 
     def kernel(self, rows: int) -> str:
-        if self.q4 is not None and rows <= self.q4.max_rows:
-            return "q4"
+        if self.quant is not None and rows <= self.quant.max_rows:
+            return "gguf"
         return "onednn" if rows >= self._min_rows else "torch"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
-            return self.q4(x)
+        if self.quant is not None and x.shape[0] <= self.quant.max_rows:
+            return self.quant(x)
         if x.shape[0] >= self._min_rows:
             return self._onednn(x, "none")
         return F.linear(x, self.weight, self.bias)
 
     def silu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ weight.T + bias)``."""
-        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
-            return F.silu(self.q4(x))
+        if self.quant is not None and x.shape[0] <= self.quant.max_rows:
+            return F.silu(self.quant(x))
         if x.shape[0] >= self._min_rows:
             return self._onednn(x, "swish")
         return F.silu(F.linear(x, self.weight, self.bias))
 
     def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x @ weight.T + bias) * other`` (``other``: the output's shape)."""
-        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
-            return self.q4(x).mul_(other)
+        if self.quant is not None and x.shape[0] <= self.quant.max_rows:
+            return self.quant(x).mul_(other)
         if x.shape[0] >= self._min_rows:
             return self._binary(x, other, "mul")
         return F.linear(x, self.weight, self.bias) * other
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """``(x @ weight.T + bias) + other`` (a residual: the output's shape)."""
-        if self.q4 is not None and x.shape[0] <= self.q4.max_rows:
-            return self.q4(x).add_(other)
+        if self.quant is not None and x.shape[0] <= self.quant.max_rows:
+            return self.quant(x).add_(other)
         if x.shape[0] >= self._min_rows:
             return self._binary(x, other, "add")
         return F.linear(x, self.weight, self.bias) + other

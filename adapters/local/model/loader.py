@@ -65,8 +65,8 @@ def load_model_folder(
     weights: str = "float",
 ) -> LoadedModel:
     """Read ``config.json``, every ``*.safetensors`` and the tokenizer from ``path``;
-    ``weights="q4"``: also its ``model.gguf``'s Q4_1 matrices, run at the decode steps
-    where they measured faster (``q4_weights.py``)."""
+    ``weights="gguf"``: also its ``model.gguf``'s quantized matrices, run at the decode
+    steps where they measured faster (``gguf_weights.py``)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
@@ -79,32 +79,37 @@ def load_model_folder(
     for file in files:
         tensors.update(load_file(str(file), device="cpu"))
     model.load_hf_weights(tensors)
-    if weights == "q4":
-        _attach_q4(model, folder, device, dtype)
+    if weights == "gguf":
+        _attach_gguf(model, folder, device, dtype)
     tokenizer = (
         AutoTokenizer.from_pretrained(folder, local_files_only=True) if with_tokenizer else None
     )
     return LoadedModel(model, model.args, tokenizer, config)
 
 
-def _attach_q4(model: DecoderModel, folder: Path, device: str, dtype: torch.dtype) -> None:
-    from .q4_weights import load_q4_kernel, q4_max_rows, read_gguf_q4
+def _attach_gguf(model: DecoderModel, folder: Path, device: str, dtype: torch.dtype) -> None:
+    from .gguf_weights import load_quant_kernel, quant_max_rows, read_gguf
 
     gguf = folder / "model.gguf"
     if device != "cpu" or dtype != torch.float32:
-        raise ConfigError("weights", f"q4 runs on the CPU in float32, not {device} {dtype}")
+        raise ConfigError("weights", f"gguf runs on the CPU in float32, not {device} {dtype}")
     if not gguf.is_file():
-        raise ConfigError("weights", f"q4 reads the model's GGUF, and {str(gguf)!r} is missing")
-    kernel, error = load_q4_kernel()
+        raise ConfigError("weights", f"gguf reads the model's GGUF: {str(gguf)!r} is missing")
+    kernel, error = load_quant_kernel()
     if kernel is None:
-        raise ConfigError("weights", f"q4 needs its C kernel: {error}")
+        raise ConfigError("weights", f"gguf needs its C kernel: {error}")
     args = model.args
-    quantized = read_gguf_q4(gguf, args.num_heads, args.num_kv_heads)
-    gate = quantized.get("model.layers.0.mlp.gate_proj.weight")
-    if gate is None:
-        raise ConfigError("weights", f"{str(gguf)!r} holds no Q4_1 matrices")
-    dense = Linear(gate.dequantize())
-    model.attach_q4(quantized, kernel, q4_max_rows(kernel, gate, dense))
+    quantized = read_gguf(gguf, args.num_heads, args.num_kv_heads)
+    if not quantized:
+        raise ConfigError("weights", f"{str(gguf)!r} holds no Q4_1 or Q8_0 matrices")
+    # the crossover of a layer's matmul (an MLP's, else any) and of the LM head, measured
+    name = "model.layers.0.mlp.gate_proj.weight"
+    layer = quantized.get(name) or next(iter(quantized.values()))
+    rows = quant_max_rows(kernel, layer, Linear(layer.dequantize()))
+    head = quantized.get("lm_head.weight" if model.lm_head is not None else
+                         "model.embed_tokens.weight")  # fmt: skip
+    head_rows = 0 if head is None else quant_max_rows(kernel, head, model.head_linear, reps=3)
+    model.attach_quantized(quantized, kernel, rows, head_rows)
 
 
 def make_hf_config(config: dict[str, Any]) -> Any:

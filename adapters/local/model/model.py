@@ -23,7 +23,7 @@ from torch import nn
 
 from .attention import DenseMeta, PagedMeta, SparseMeta, dense_attention, pool_attention
 from .host_copy import to_device
-from .linear import Linear, Q4Path
+from .linear import Linear, QuantPath
 
 __all__ = [
     "DecoderModel",
@@ -182,19 +182,21 @@ class DecoderLayer(nn.Module):
         self.eps = args.rms_norm_eps
         self.heads, self.kv_heads, self.dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.gqa = args.num_heads != args.num_kv_heads
-        self.q4: dict[str, Q4Path] = {}  # Q4_1 twins of the matmuls (``attach_q4``)
+        self.quant: dict[
+            str, QuantPath
+        ] = {}  # quantized twins of the matmuls (``attach_quantized``)
         self.build_kernels()
 
     def build_kernels(self) -> None:
         """(Re)build the matmuls from the current weights (packed copies on CPU). Where
         oneDNN runs them, gate and up are two matmuls again: silu fused into the gate's,
         the product into the up's (one pass over ``[T, intermediate]`` instead of four)."""
-        q4 = self.q4
-        self.qkv_linear = Linear(self.qkv, self.qkv_bias, q4.get("qkv"))
-        self.o_linear = Linear(self.o_proj, q4=q4.get("o"))
-        self.down_linear = Linear(self.down, q4=q4.get("down"))
+        quant = self.quant
+        self.qkv_linear = Linear(self.qkv, self.qkv_bias, quant.get("qkv"))
+        self.o_linear = Linear(self.o_proj, quant=quant.get("o"))
+        self.down_linear = Linear(self.down, quant=quant.get("down"))
         gate, up = (
-            Linear(w, q4=q4.get(name))
+            Linear(w, quant=quant.get(name))
             for w, name in zip(self.gate_up.detach().chunk(2), ("gate", "up"), strict=True)
         )
         # Exactly one of the two is built: packing the fused weight as well would hold a
@@ -258,6 +260,7 @@ class DecoderModel(nn.Module):
         self.lm_head = (
             None if args.tie_word_embeddings else nn.Parameter(torch.empty_like(self.embed))
         )
+        self.head_quant: QuantPath | None = None  # the head's quantized twin (a GGUF's)
         self.head_linear = Linear(self.embed if self.lm_head is None else self.lm_head)
         cos, sin = rope_tables(inv_freq, args.max_position_embeddings, rope_scaling)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -312,25 +315,32 @@ class DecoderModel(nn.Module):
         its device."""
         for layer in self._layers:
             layer.build_kernels()
-        self.head_linear = Linear(self.embed if self.lm_head is None else self.lm_head)
+        head = self.embed if self.lm_head is None else self.lm_head
+        self.head_linear = Linear(head, quant=self.head_quant)
 
-    def attach_q4(self, weights: Mapping[str, Any], kernel: Any, max_rows: int) -> None:
-        """Give every matmul with Q4_1 weights (``weights``: ``q4_weights.Q4Weight`` by
-        Hugging Face name) a Q4 path for calls of at most ``max_rows`` rows."""
+    def attach_quantized(
+        self, weights: Mapping[str, Any], kernel: Any, max_rows: int, head_rows: int
+    ) -> None:
+        """Give every matmul whose weight ``weights`` holds (``gguf_weights.Q4Weight`` /
+        ``Q8Weight`` by Hugging Face name) a quantized path for calls of at most
+        ``max_rows`` rows (the LM head: ``head_rows``)."""
         for i, layer in enumerate(self._layers):
             p, att = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
 
-            def path(weight: Any) -> Q4Path:
-                return Q4Path(weight, kernel, max_rows)
+            def path(weight: Any) -> QuantPath:
+                return QuantPath(weight, kernel, max_rows)
 
             names = [f"{att}{n}_proj.weight" for n in "qkv"]
             if all(n in weights for n in names):
-                layer.q4["qkv"] = path(type(weights[names[0]]).cat([weights[n] for n in names]))
+                layer.quant["qkv"] = path(type(weights[names[0]]).cat([weights[n] for n in names]))
             for key, name in (("o", att + "o_proj.weight"), ("down", p + "mlp.down_proj.weight"),
                               ("gate", p + "mlp.gate_proj.weight"),
                               ("up", p + "mlp.up_proj.weight")):  # fmt: skip
                 if name in weights:
-                    layer.q4[key] = path(weights[name])
+                    layer.quant[key] = path(weights[name])
+        head = weights.get("lm_head.weight" if self.lm_head is not None else
+                           "model.embed_tokens.weight")  # fmt: skip
+        self.head_quant = None if head is None else QuantPath(head, kernel, head_rows)
         self.build_kernels()
 
     def layer(self, index: int) -> DecoderLayer:

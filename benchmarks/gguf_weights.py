@@ -1,16 +1,17 @@
-"""The embedded engine on SmolLM2-135M with its GGUF's Q4_1 weights at decode steps
-(``EngineConfig(weights="q4")``) against its float32 weights (``"float"``, the control).
+"""The embedded engine on SmolLM2-135M with its GGUF's quantized weights at decode steps
+(``EngineConfig(weights="gguf")``: Q4_1 layers, the Q8_0 LM head) against its float32
+weights (``"float"``, the control).
 
 The engine alone (no process boundary, no server), the model folder of
 ``scripts/fetch_smollm2.py``, GSM8K chat prompts, greedy, a fixed number of new tokens (EOS
 ignored), static batches. Interleaved rounds (``spec_tot.rounds``): round 0 a dropped
 warm-up, every (batch, weights) cell once per round in a seeded shuffled order; per batch
-the median tokens/s and the median of per-round ratios q4 / float with a bootstrap 90%
+the median tokens/s and the median of per-round ratios gguf / float with a bootstrap 90%
 interval. Then the accuracy cost: greedy tokens generated alone (batch 1) by both, per
 prompt, as the share of prompts whose continuations are identical and the mean share of
 tokens before the first difference.
 
-    python benchmarks/q4_weights.py --json benchmarks/results/q4_weights.json
+    python benchmarks/gguf_weights.py --json benchmarks/results/gguf_weights.json
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     folder = str(smollm2_folder())
-    engines = {w: _engine(folder, w) for w in ("float", "q4")}
-    q4_rows = engines["q4"].loaded.model.layer(0).o_linear.q4
+    engines = {w: _engine(folder, w) for w in ("float", "gguf")}
+    model = engines["gguf"].loaded.model
+    layer_path, head_path = model.layer(0).o_linear.quant, model.head_linear.quant
     batches = [int(b) for b in args.batches.split(",")]
     prompts = _prompts(engines["float"], max([*batches, args.agreement]))
-    cells = [f"{w}@{b}" for b in batches for w in ("float", "q4")]
+    cells = [f"{w}@{b}" for b in batches for w in ("float", "gguf")]
     runs = []
     for rnd, cell in schedule_rounds(cells, args.rounds, seed=0):
         weights, batch = cell.split("@")
@@ -103,14 +105,17 @@ def main() -> None:
              for w, e in engines.items()}  # fmt: skip
     result: dict[str, Any] = {
         "model": folder, "threads": args.threads, "new_tokens": args.new,
-        "rounds": args.rounds, "q4_max_rows": q4_rows.max_rows if q4_rows else 0,
+        "rounds": args.rounds,
+        "max_rows": layer_path.max_rows if layer_path else 0,
+        "head_max_rows": head_path.max_rows if head_path else 0,
         "cpu": os.uname().machine, "cells": {k: v.to_dict() for k, v in summary.items()},
-        "agreement": _agreement(alone["float"], alone["q4"]),
+        "agreement": _agreement(alone["float"], alone["gguf"]),
     }  # fmt: skip
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
-    print(f"q4_max_rows={result['q4_max_rows']} agreement={result['agreement']}")
+    print(f"max_rows={result['max_rows']} head_max_rows={result['head_max_rows']} "
+          f"agreement={result['agreement']}")  # fmt: skip
     print("summary: " + summary_line(summary, "tokens_per_s"))
 
 

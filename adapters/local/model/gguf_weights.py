@@ -1,4 +1,5 @@
-"""A GGUF model's Q4_1 weights as shipped, and the C kernel that multiplies by them.
+"""A GGUF model's quantized weights as shipped (Q4_1, Q8_0), and the C kernel that multiplies
+by them.
 
 SmolLM2-135M ships as GGUF Q4_1 (``spec_tot.peers.smollm2``): groups of 32 weights of an
 output row with a scale ``d`` and a minimum ``m``, ``w = d * q + m`` for 4-bit codes
@@ -6,12 +7,11 @@ output row with a scale ``d`` and a minimum ``m``, ``w = d * q + m`` for 4-bit c
 dequantization (``model.safetensors``): the same values, so the two paths differ only by
 float32 rounding in the sums (tested). At a decode step's few rows a matmul reads its
 weights once and does little arithmetic on them: 4-bit codes read 6.4x fewer bytes than
-float32 (``csrc/q4_linear.c``). At many rows the arithmetic dominates and oneDNN's
-blocked float32 GEMM wins; ``Linear`` takes the Q4 path up to the row count measured
-fastest (``DecoderModel.attach_q4``).
-
-Only Q4_1 tensors are kept this way; everything else (the Q8_0 embedding that is also the
-LM head, the norms) runs from the float32 folder.
+float32 (``csrc/quant_linear.c``). At many rows the arithmetic dominates and oneDNN's
+blocked float32 GEMM wins; ``Linear`` takes the quantized path up to the row count measured
+fastest (``DecoderModel.attach_quantized``). SmolLM2's embedding ships as Q8_0 (32 int8 and
+a scale): as the tied LM head, the largest matmul of a decode step, it takes the same road
+(the embedding lookup stays float32).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,10 +30,18 @@ from spec_tot.peers.smollm2 import hf_name, unpermute
 
 from .c_kernels import load_c_function
 
-__all__ = ["Q4Kernel", "Q4Weight", "load_q4_kernel", "q4_max_rows", "read_gguf_q4"]
+__all__ = [
+    "Q4Weight",
+    "Q8Weight",
+    "QuantKernel",
+    "load_quant_kernel",
+    "quant_max_rows",
+    "read_gguf",
+]
 
 _BLOCK = 32
-_BLOCK_BYTES = 20  # fp16 d, fp16 m, 16 bytes of codes
+_BLOCK_BYTES = 20  # Q4_1: fp16 d, fp16 m, 16 bytes of codes
+_Q8_BYTES = 34  # Q8_0: fp16 d, 32 int8
 _ERRORS = {-1: "bad shape", -5: "out of memory"}
 
 
@@ -81,20 +90,52 @@ class Q4Weight:
         )
 
 
-def read_gguf_q4(path: str | Path, heads: int, kv_heads: int) -> dict[str, Q4Weight]:
-    """Every Q4_1 matrix of the GGUF at ``path``, by its Hugging Face name, rows in Hugging
-    Face's order (llama.cpp's interleaved RoPE rows of q and k undone, as the float32
-    conversion does)."""
+@dataclass(frozen=True, slots=True)
+class Q8Weight:
+    """One ``[n, k]`` weight in Q8_0 blocks: ``qs`` ``[n, k/32, 32]`` int8, ``d``
+    ``[n, k/32]`` float32; ``w = d * q``."""
+
+    qs: torch.Tensor
+    d: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.qs.shape[0]), int(self.qs.shape[1]) * _BLOCK
+
+    @classmethod
+    def from_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q8Weight:
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // _BLOCK, _Q8_BYTES)
+        scales = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)[:, :, 0]
+        codes = blocks[:, :, 2:].copy().view(np.int8)
+        return cls(torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(scales)))
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.qs.float() * self.d.unsqueeze(-1)).reshape(self.shape)
+
+    def take_rows(self, order: np.ndarray) -> Q8Weight:
+        index = torch.from_numpy(np.asarray(order, dtype=np.int64))
+        return Q8Weight(self.qs[index].contiguous(), self.d[index].contiguous())
+
+
+def read_gguf(path: str | Path, heads: int, kv_heads: int) -> dict[str, Q4Weight | Q8Weight]:
+    """Every Q4_1 and Q8_0 matrix of the GGUF at ``path``, by its Hugging Face name, rows in
+    Hugging Face's order (llama.cpp's interleaved RoPE rows of q and k undone, as the
+    float32 conversion does)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     arch = str(reader.fields["general.architecture"].contents())
-    out: dict[str, Q4Weight] = {}
+    kinds: dict[Any, type[Q4Weight] | type[Q8Weight]] = {
+        gguf.GGMLQuantizationType.Q4_1: Q4Weight,
+        gguf.GGMLQuantizationType.Q8_0: Q8Weight,
+    }
+    out: dict[str, Q4Weight | Q8Weight] = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_1 or len(tensor.shape) != 2:
+        kind = kinds.get(tensor.tensor_type)
+        if kind is None or len(tensor.shape) != 2:
             continue
         k, n = (int(s) for s in tensor.shape)  # GGUF lists dims inner-first
-        weight = Q4Weight.from_blocks(np.asarray(tensor.data), n, k)
+        weight: Q4Weight | Q8Weight = kind.from_blocks(np.asarray(tensor.data), n, k)
         rest = tensor.name.split(".", 2)[-1]
         if arch == "llama" and rest in ("attn_q.weight", "attn_k.weight"):
             order = unpermute(np.arange(n), heads if rest == "attn_q.weight" else kv_heads)
@@ -104,65 +145,66 @@ def read_gguf_q4(path: str | Path, heads: int, kv_heads: int) -> dict[str, Q4Wei
 
 
 @dataclass(frozen=True)
-class Q4Kernel:
+class QuantKernel:
     """``linear(x, weight)``: ``x`` ``[rows, k]`` float32 (rows may be strided) times a
-    ``Q4Weight`` ``[n, k]`` transposed -> ``[rows, n]`` float32."""
+    ``Q4Weight`` or ``Q8Weight`` ``[n, k]`` transposed -> ``[rows, n]`` float32."""
 
     path: str
     function: ctypes._CFuncPtr
 
-    def linear(self, x: torch.Tensor, weight: Q4Weight) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: Q4Weight | Q8Weight) -> torch.Tensor:
         n, k = weight.shape
         if x.stride(1) != 1:
             x = x.contiguous()
         rows = x.shape[0]
         out = torch.empty((rows, n), dtype=torch.float32)
+        q4 = isinstance(weight, Q4Weight)
         code = self.function(
-            x.data_ptr(), x.stride(0), rows, k,
-            weight.qs.data_ptr(), weight.d.data_ptr(), weight.m.data_ptr(), n,
+            x.data_ptr(), x.stride(0), rows, k, 0 if q4 else 1,
+            weight.qs.data_ptr(), weight.d.data_ptr(), weight.m.data_ptr() if q4 else None, n,
             out.data_ptr(), n, torch.get_num_threads(),
         )  # fmt: skip
         if code:
-            raise RuntimeError(f"Q4 linear kernel refused its input: {_ERRORS.get(code, code)}")
+            raise RuntimeError(f"quantized matmul kernel refused its input: {_ERRORS.get(code)}")
         return out
 
 
-def load_q4_kernel(root: str | Path | None = None) -> tuple[Q4Kernel | None, str]:
+def load_quant_kernel(root: str | Path | None = None) -> tuple[QuantKernel | None, str]:
     """The kernel (built on first use) and ``""``, or None and why not."""
     function, path, error = load_c_function(
-        "q4_linear.c", "spec_tot_q4_linear", "the C Q4 matmul kernel", root
+        "quant_linear.c", "spec_tot_quant_linear", "the C quantized matmul kernel", root
     )
     if function is None:
         return None, error
     function.restype = ctypes.c_int
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
-    function.argtypes = [pointer, i64, i64, i64, pointer, pointer, pointer, i64, pointer, i64]
-    function.argtypes += [ctypes.c_int]
-    return Q4Kernel(path, function), ""
+    function.argtypes = [pointer, i64, i64, i64, ctypes.c_int, pointer, pointer, pointer, i64]
+    function.argtypes += [pointer, i64, ctypes.c_int]
+    return QuantKernel(path, function), ""
 
 
-def q4_max_rows(
-    kernel: Q4Kernel,
-    weight: Q4Weight,
+def quant_max_rows(
+    kernel: QuantKernel,
+    weight: Q4Weight | Q8Weight,
     dense: Callable[[torch.Tensor], torch.Tensor],
     candidates: Sequence[int] = (1, 2, 4, 8, 16),
-    reps: int = 20,
+    reps: int = 10,
 ) -> int:
     """The most rows at which ``kernel`` on ``weight`` measured faster than ``dense`` (the
-    same matmul in float32), by at least 5%: 0 when it never is. A few milliseconds, at
-    load; the thread count is the engine's."""
+    same matmul in float32), by at least 5%: 0 when it never is. Milliseconds, at load;
+    the thread count is the engine's."""
     best = 0
     for rows in candidates:
         x = torch.randn(rows, weight.shape[1])
-        times = []
 
-        def q4(x: torch.Tensor = x) -> torch.Tensor:
+        def quantized(x: torch.Tensor = x) -> torch.Tensor:
             return kernel.linear(x, weight)
 
         def floats(x: torch.Tensor = x) -> torch.Tensor:
             return dense(x)
 
-        for run in (q4, floats):
+        times = []
+        for run in (quantized, floats):
             run()
             started = time.perf_counter()
             for _ in range(reps):

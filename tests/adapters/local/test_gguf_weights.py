@@ -1,6 +1,6 @@
-"""GGUF Q4_1 weights at decode steps (``EngineConfig(weights="q4")``): the C kernel against
-the dequantized weights, the Linear paths, reading a GGUF (rows in Hugging Face's order),
-and the refusals naming the option."""
+"""A GGUF's quantized weights at decode steps (``EngineConfig(weights="gguf")``): the C
+kernel against the dequantized weights (Q4_1 and Q8_0), the Linear paths, reading a GGUF
+(rows in Hugging Face's order), and the refusals naming the option."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import torch
 from engine_fixtures import built_kernel, tiny_llama
 
 from spec_tot.adapters.local.config import EngineConfig
-from spec_tot.adapters.local.model.linear import Linear, Q4Path
-from spec_tot.adapters.local.model.loader import load_model_folder
-from spec_tot.adapters.local.model.q4_weights import (
-    Q4Kernel,
+from spec_tot.adapters.local.model.gguf_weights import (
     Q4Weight,
-    load_q4_kernel,
-    read_gguf_q4,
+    Q8Weight,
+    QuantKernel,
+    load_quant_kernel,
+    read_gguf,
 )
+from spec_tot.adapters.local.model.linear import Linear, QuantPath
+from spec_tot.adapters.local.model.loader import load_model_folder
 from spec_tot.errors import ConfigError
 from spec_tot.peers.smollm2 import smollm2_folder, unpermute
 
@@ -27,8 +28,8 @@ __all__ = ["tiny_llama"]  # a fixture, imported for pytest
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory: pytest.TempPathFactory) -> Q4Kernel:
-    return built_kernel(load_q4_kernel, tmp_path_factory.mktemp("cache"), "the Q4 kernel")
+def kernel(tmp_path_factory: pytest.TempPathFactory) -> QuantKernel:
+    return built_kernel(load_quant_kernel, tmp_path_factory.mktemp("cache"), "the quantized kernel")
 
 
 def random_q4(n: int, k: int, seed: int = 0) -> Q4Weight:
@@ -43,7 +44,7 @@ def random_q4(n: int, k: int, seed: int = 0) -> Q4Weight:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 9])
-def test_the_kernel_is_the_dequantized_matmul(kernel: Q4Kernel, rows: int) -> None:
+def test_the_kernel_is_the_dequantized_matmul(kernel: QuantKernel, rows: int) -> None:
     weight = random_q4(70, 96, seed=rows)
     dense = weight.dequantize()
     # inputs int8 represents exactly (every block of 32 spans -127..127): exact sums
@@ -57,12 +58,26 @@ def test_the_kernel_is_the_dequantized_matmul(kernel: Q4Kernel, rows: int) -> No
     assert ((kernel.linear(wide, weight) - ref).norm() / ref.norm()).item() < 0.03
 
 
-def test_a_linear_takes_the_q4_path_up_to_its_rows(kernel: Q4Kernel) -> None:
+@pytest.mark.parametrize("rows", [1, 6])
+def test_the_kernel_multiplies_q8_0_blocks(kernel: QuantKernel, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    blocks = np.zeros((40, 3, 34), dtype=np.uint8)
+    blocks[:, :, :2] = rng.uniform(0.001, 0.01, (40, 3, 1)).astype(np.float16).view(np.uint8)
+    blocks[:, :, 2:] = rng.integers(-128, 128, (40, 3, 32)).astype(np.int8).view(np.uint8)
+    weight = Q8Weight.from_blocks(blocks.reshape(40, -1), 40, 96)
+    codes = torch.randint(-127, 128, (rows, 96)).float()
+    codes[:, ::32] = 127.0
+    x = codes * 0.01  # exact in int8: exact sums
+    ref = x @ weight.dequantize().T
+    assert torch.allclose(kernel.linear(x, weight), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_a_linear_takes_the_quantized_path_up_to_its_rows(kernel: QuantKernel) -> None:
     weight = random_q4(64, 64)
     dense = weight.dequantize()
-    linear = Linear(dense, q4=Q4Path(weight, kernel, max_rows=2))
-    assert [linear.kernel(r) for r in (1, 2, 3)][:2] == ["q4", "q4"]
-    assert linear.kernel(3) != "q4"
+    linear = Linear(dense, quant=QuantPath(weight, kernel, max_rows=2))
+    assert [linear.kernel(r) for r in (1, 2, 3)][:2] == ["gguf", "gguf"]
+    assert linear.kernel(3) != "gguf"
     x, other = torch.randn(2, 64), torch.randn(2, 64)
     q4 = kernel.linear(x, weight)
     assert torch.equal(linear(x), q4)
@@ -87,14 +102,14 @@ def test_a_gguf_is_read_in_hugging_face_row_order(tmp_path: Path) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    read = read_gguf_q4(tmp_path / "m.gguf", heads=4, kv_heads=4)
+    read = read_gguf(tmp_path / "m.gguf", heads=4, kv_heads=4)
     (name, weight), *_ = read.items()
     assert name == "model.layers.0.self_attn.q_proj.weight"
     expected = unpermute(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q4_1), 4)
     assert np.allclose(weight.dequantize().numpy(), expected.reshape(64, 64), atol=1e-6)
 
 
-def test_smollm2s_q4_weights_are_its_float_weights() -> None:
+def test_smollm2s_gguf_weights_are_its_float_weights() -> None:
     """On the real model when fetched (CI fetches it): the GGUF's Q4_1 matrices, read in
     Hugging Face's order, are the float folder's weights."""
     folder = smollm2_folder()
@@ -102,24 +117,24 @@ def test_smollm2s_q4_weights_are_its_float_weights() -> None:
         pytest.skip("SmolLM2 not fetched (python scripts/fetch_smollm2.py)")
     from safetensors import safe_open
 
-    read = read_gguf_q4(folder / "model.gguf", heads=9, kv_heads=3)
+    read = read_gguf(folder / "model.gguf", heads=9, kv_heads=3)
     with safe_open(str(folder / "model.safetensors"), "pt") as tensors:
         for name in ("model.layers.0.self_attn.q_proj.weight",
                      "model.layers.29.mlp.down_proj.weight"):  # fmt: skip
             assert torch.allclose(read[name].dequantize(), tensors.get_tensor(name), atol=1e-6)
 
 
-def test_q4_is_refused_naming_the_option(tiny_llama: Path) -> None:
+def test_gguf_is_refused_naming_the_option(tiny_llama: Path) -> None:
     with pytest.raises(ConfigError, match="weights"):
         EngineConfig(model=str(tiny_llama), weights="int3")
     with pytest.raises(ConfigError, match=r"weights: .*model\.gguf.* is missing"):
-        load_model_folder(tiny_llama, "cpu", torch.float32, with_tokenizer=False, weights="q4")
-    with pytest.raises(ConfigError, match="weights: q4 runs on the CPU in float32"):
-        load_model_folder(tiny_llama, "cpu", torch.bfloat16, with_tokenizer=False, weights="q4")
+        load_model_folder(tiny_llama, "cpu", torch.float32, with_tokenizer=False, weights="gguf")
+    with pytest.raises(ConfigError, match="weights: gguf runs on the CPU in float32"):
+        load_model_folder(tiny_llama, "cpu", torch.bfloat16, with_tokenizer=False, weights="gguf")
 
 
-def test_the_engine_runs_smollm2_on_its_q4_weights() -> None:
-    """End to end on the real model when fetched: the engine loads ``weights="q4"``, its
+def test_the_engine_runs_smollm2_on_its_gguf_weights() -> None:
+    """End to end on the real model when fetched: the engine loads ``weights="gguf"``, its
     decode steps take the Q4 path where it measured faster, and greedy decoding runs to the
     end with every KV block freed."""
     folder = smollm2_folder()
@@ -130,10 +145,11 @@ def test_the_engine_runs_smollm2_on_its_q4_weights() -> None:
     from spec_tot.adapters.local.engine.llm_engine import LLMEngine
     from spec_tot.requests import GenerateRequest, SamplingParams
 
-    engine = LLMEngine(EngineConfig(model=str(folder), weights="q4", num_kv_blocks=64,
+    engine = LLMEngine(EngineConfig(model=str(folder), weights="gguf", num_kv_blocks=64,
                                     max_model_len=256, saturation_batch=4))  # fmt: skip
     layer = engine.loaded.model.layer(0)
-    assert layer.o_linear.q4 is not None and layer.down_linear.q4 is not None
+    assert layer.o_linear.quant is not None and layer.down_linear.quant is not None
+    assert engine.loaded.model.head_linear.quant is not None  # the Q8_0 embedding
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     engine.add_request(GenerateRequest("q", params, prompt="What is 2 + 3?"))
     done = []

@@ -1,4 +1,4 @@
-/* y = x @ W.T for W in GGUF's Q4_1 blocks, read as shipped (4 bits a weight).
+/* y = x @ W.T for W in GGUF's Q4_1 or Q8_0 blocks, read as shipped (4 or 8 bits a weight).
  *
  * A Q4_1 block holds 32 consecutive weights of one output row: a scale d, a minimum m
  * and 16 bytes of 4-bit codes q (byte j: code of weight j in its low nibble, of weight
@@ -92,20 +92,44 @@ static inline void column(const int8_t *restrict xq, const float *restrict xd,
 }
 #endif
 
-int spec_tot_q4_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
-                       const uint8_t *qs, const float *d, const float *m, int64_t n, float *out,
-                       int64_t out_stride, int threads) {
-    if (rows < 1 || k < 32 || k % 32 || n < 1 || x_stride < k || out_stride < n) return -1;
-    const int64_t nb = k / 32;
-    /* each input block of 32 as int8 codes with a scale (max |x| / 127), and its exact sum */
-    float *sx = malloc(sizeof(float) * (size_t)(2 * rows * nb));
-    int8_t *xq = malloc((size_t)(rows * k));
-    if (!sx || !xq) {
-        free(sx);
-        free(xq);
-        return -5;
+/* Q8_0: blocks of 32 int8 weights with a scale d (weight = d * q), against the same int8
+ * input blocks: the byte products as llama.cpp forms them (|w| unsigned, x given w's sign). */
+static void q8_column(const int8_t *restrict xq, const float *restrict xd, int64_t nb,
+                      const int8_t *restrict qs, const float *restrict d, int64_t r0, int64_t t,
+                      float *restrict y) {
+#ifdef __AVX2__
+    __m256 acc[TILE];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t r = 0; r < t; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + b * 32));
+        const __m256i aw = _mm256_sign_epi8(w, w);
+        for (int64_t r = 0; r < t; ++r) {
+            const int64_t at = (r0 + r) * nb + b;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(xq + at * 32));
+            const __m256i pairs = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+            const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[b] * xd[at]), dot, acc[r]);
+        }
     }
-    float *xd = sx + rows * nb;
+    for (int64_t r = 0; r < t; ++r) y[r] = hsum(acc[r]);
+#else
+    for (int64_t r = 0; r < t; ++r) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t at = (r0 + r) * nb + b;
+            int32_t dot = 0;
+            for (int j = 0; j < 32; ++j) dot += (int32_t)qs[b * 32 + j] * xq[at * 32 + j];
+            acc += d[b] * xd[at] * (float)dot;
+        }
+        y[r] = acc;
+    }
+#endif
+}
+
+/* Each input block of 32 as int8 codes with a scale (max |x| / 127), and its exact sum. */
+static void quantize_rows(const float *x, int64_t x_stride, int64_t rows, int64_t nb,
+                          int8_t *xq, float *xd, float *sx) {
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t b = 0; b < nb; ++b) {
             const float *xb = x + r * x_stride + b * 32;
@@ -119,12 +143,35 @@ int spec_tot_q4_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k
             sx[r * nb + b] = s;
             xd[r * nb + b] = scale;
         }
+}
+
+/* kind 0: Q4_1 (qs [n, k/32, 16] uint8, d and m [n, k/32]); kind 1: Q8_0 (qs [n, k/32, 32]
+ * int8, d [n, k/32], m unused). */
+int spec_tot_quant_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int kind,
+                          const void *qs, const float *d, const float *m, int64_t n,
+                          float *out, int64_t out_stride, int threads) {
+    if (rows < 1 || k < 32 || k % 32 || n < 1 || x_stride < k || out_stride < n) return -1;
+    if (kind != 0 && kind != 1) return -1;
+    const int64_t nb = k / 32;
+    float *sx = malloc(sizeof(float) * (size_t)(2 * rows * nb));
+    int8_t *xq = malloc((size_t)(rows * k));
+    if (!sx || !xq) {
+        free(sx);
+        free(xq);
+        return -5;
+    }
+    float *xd = sx + rows * nb;
+    quantize_rows(x, x_stride, rows, nb, xq, xd, sx);
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
     for (int64_t o = 0; o < n; ++o) {
         float y[TILE];
         for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
             const int64_t t = rows - r0 < TILE ? rows - r0 : TILE;
-            column(xq, xd, sx, nb, qs + o * nb * 16, d + o * nb, m + o * nb, r0, t, y);
+            if (kind == 0)
+                column(xq, xd, sx, nb, (const uint8_t *)qs + o * nb * 16, d + o * nb,
+                       m + o * nb, r0, t, y);
+            else
+                q8_column(xq, xd, nb, (const int8_t *)qs + o * nb * 32, d + o * nb, r0, t, y);
             for (int64_t r = 0; r < t; ++r) out[(r0 + r) * out_stride + o] = y[r];
         }
     }
