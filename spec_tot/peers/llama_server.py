@@ -15,7 +15,6 @@ slots gets ``ctx / np`` tokens.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from spec_tot.cache_dir import cache_root
-from spec_tot.peers.served import Served, free_port, launch, log_path
+from spec_tot.peers.served import Served, command_line, free_port, launch, log_path
 from spec_tot.progress import show_progress, timed_step
 
 __all__ = ["LLAMA_CPP_PYTHON", "binary", "build", "start"]
@@ -103,12 +102,11 @@ def start(
 def main(argv: list[str] | None = None) -> int:
     from spec_tot.peers.smollm2 import fetch_gguf
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build llama-server into its cached folder")
-    run = sub.add_parser("serve", help="serve a GGUF (default: SmolLM2's) until Ctrl-C")
+    parser, run = command_line(
+        __doc__ or "", ("build", "build llama-server into its cached folder"),
+        "serve a GGUF (default: SmolLM2's) until Ctrl-C",
+    )  # fmt: skip
     run.add_argument("--gguf", default=None, help="the model file (default: SmolLM2-135M's)")
-    run.add_argument("--port", type=int, default=None)
     run.add_argument("--slots", type=int, default=32, help="parallel sequences (-np)")
     run.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)

