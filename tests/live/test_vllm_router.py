@@ -38,7 +38,8 @@ def _running(url: str) -> float:
 
 def test_a_math_run_through_vllm_router_survives_a_dead_worker(smollm2: Path) -> None:
     folder, venv = smollm2, vllm_venv()
-    workers = [vllm_cpu.start(folder, venv=venv, kv_cache_gib=1) for _ in range(2)]
+    extra = vllm_cpu.dtype_args_for_tests()
+    workers = [vllm_cpu.start(folder, venv=venv, kv_cache_gib=1, extra=extra) for _ in range(2)]
     router = vllm_cpu.start_router([w.url for w in workers], venv=venv)
     try:
         backend = create_openai(urls=[router.url], model="smollm2", forward_seed=False,
