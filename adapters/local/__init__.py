@@ -35,14 +35,16 @@ def create_local(
     prm_process: bool | None = None,
     launcher: str = "auto",
     core_hook: str | None = None,
+    caller_core: bool = True,
     **options: Any,
 ) -> LocalBackend:
     """A ``LocalBackend`` for a local Hugging Face folder (``policy_path``), or for a
     random-weight model (``model_config={...}``), plus an optional PRM folder. ``options`` are
     ``EngineConfig`` fields (``synthetic`` may be a dict of ``SyntheticWorkload`` fields), and
     ``prm_num_kv_blocks`` / ``prm_block_size`` size the PRM's own prefix-cache pool.
-    ``process``, ``threads``, ``prm_process``, ``launcher`` and ``core_hook`` say where the
-    engine core runs (``CoreOptions``: a child process by default, started by ``start()``).
+    ``process``, ``threads``, ``prm_process``, ``launcher``, ``core_hook`` and
+    ``caller_core`` say where the engine core runs (``CoreOptions``: a child process by
+    default, started by ``start()``).
     Every option and both folders are checked here; nothing loads until it starts."""
     from .backend import LocalBackend
     from .config import (
@@ -61,7 +63,9 @@ def create_local(
     }
     if isinstance(synthetic, dict):
         synthetic = SyntheticWorkload(**synthetic)
-    core = CoreOptions(process, threads, prm_process, launcher, hook=core_hook)
+    core = CoreOptions(
+        process, threads, prm_process, launcher, hook=core_hook, caller_core=caller_core
+    )
     engine = None
     if policy_path is not None or options.get("model_config") is not None:
         engine = EngineConfig(model=policy_path, synthetic=synthetic, **options)

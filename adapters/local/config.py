@@ -66,8 +66,8 @@ def check_kv_pool(num_blocks: int, block_size: int, prefix: str = "") -> None:
 
 
 # ``EngineConfig.weights``: the model's float weights only, or also its GGUF's quantized
-# matrices at decode steps (``model/gguf_weights.py``).
-WEIGHTS = ("float", "gguf")
+# matrices at decode steps (``model/gguf_weights.py``), or "auto": the GGUF's wherever they run.
+WEIGHTS = ("auto", "float", "gguf")
 # Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Names accepted for ``EngineConfig.attention`` (the decode paths of ``runner.ModelRunner``).
@@ -113,6 +113,9 @@ class EngineConfig:
     ``model.gguf`` (``scripts/fetch_smollm2.py`` keeps it) and runs its Q4_1 / Q8_0 matrices
     at the decode steps where they measured faster (CPU, float32: ``model/gguf_weights.py``;
     inputs quantized to int8 per 32 as llama.cpp does, so outputs move by about 1%).
+    ``"auto"`` (the default): ``"gguf"`` where the folder has a ``model.gguf`` and the
+    engine runs float32 on the CPU with its C kernel built (the weights as the model ships,
+    1.4-2x float at one to four rows here), else ``"float"``.
     ``num_kv_blocks`` sizes the paged KV pool (``block_size`` tokens a block).
     ``saturation_batch``: ``None`` measures it at start-up (the engine's full step cost vs
     batch size, cached per model and machine), an int is taken as given.
@@ -139,7 +142,7 @@ class EngineConfig:
     model_config: dict[str, Any] | None = None
     device: str = "cpu"
     dtype: str = "auto"
-    weights: str = "float"
+    weights: str = "auto"
     block_size: int = 16
     num_kv_blocks: int = 1024
     max_num_seqs: int = 64
@@ -285,7 +288,9 @@ class CoreOptions:
     process (the default), or, with False, in a worker thread of the caller's process (for
     debugging and for tests that reach into the engine). ``threads``: torch's intra-op
     threads in the child (None: every core this process may use but one, left to the
-    caller; the caller's own torch setting is never touched). ``prm_process``: the PRM
+    caller, or every core with ``caller_core`` False, as ``spec-tot serve`` runs: its
+    caller only moves HTTP; ``proc.default_threads`` has the measurements; the caller's own
+    torch setting is never touched). ``prm_process``: the PRM
     gets a child of its own instead of a thread beside the engine in one child (the two then
     share that child's GIL: measured on 2 cores, main job, five interleaved rounds, vs the
     in-thread engine: 2.15x / 1.35x / 1.09x at 1 / 32 / 64 queries with its own child,
@@ -311,10 +316,13 @@ class CoreOptions:
     launcher: str = "auto"
     start_timeout_s: float = 600.0
     hook: str | None = None
+    caller_core: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.process, bool):
             raise ConfigError("process", f"must be a bool, got {self.process!r}")
+        if not isinstance(self.caller_core, bool):
+            raise ConfigError("caller_core", f"must be a bool, got {self.caller_core!r}")
         if self.prm_process is not None and not isinstance(self.prm_process, bool):
             raise ConfigError("prm_process", f"must be a bool or None, got {self.prm_process!r}")
         threads = self.threads

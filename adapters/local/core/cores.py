@@ -67,7 +67,11 @@ class CoreSet:
         split = options.process and _prm_apart(options, engine, prm)
         threads: tuple[int | None, int | None] = (None, None)  # in-thread: the caller's own
         if options.process:
-            threads = (options.threads,) * 2 if options.threads else default_threads(split)
+            threads = (
+                (options.threads,) * 2
+                if options.threads
+                else default_threads(split, options.caller_core)
+            )
 
         def start(e: EngineConfig | None, p: PrmConfig | None) -> Start:
             count = threads[1] if e is None else threads[0]

@@ -66,18 +66,26 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads(split: bool = False) -> tuple[int, int]:
+def default_threads(split: bool = False, caller_core: bool = True) -> tuple[int, int]:
     """Torch threads for the engine child and for the PRM's (``split``: the PRM has a child
-    of its own; else both run in the engine's child, the first figure): every core but one,
-    which stays for the caller (its executor and search run Python beside the engine;
-    measured on 2 cores, the main job at 32 queries: 1 thread 1.31x the in-thread engine, 2
-    threads 1.19x); split, a third of them for the PRM (it scores short traces in few
-    batches) and the rest for the engine, at least one each."""
-    spare = max(1, usable_cores() - 1)
-    if not split:
-        return spare, spare
-    prm = max(1, spare // 3)
-    return max(1, spare - prm), prm
+    of its own; else both run in the engine's child, the first figure).
+
+    ``caller_core``: every core but one, which stays for the caller (its executor and
+    search run Python beside the engine; measured on 2 cores, the main job at 32 queries: 1
+    thread 1.31x the in-thread engine, 2 threads 1.19x); split, a third of them for the PRM
+    (it scores short traces in few batches) and the rest for the engine, at least one each.
+    Without it (``spec-tot serve``: the caller only moves HTTP) the engine gets every core
+    (SmolLM2 through ``/v1/completions`` on 2 cores: 2 threads 1.14x one at one request,
+    1.45x at eight) and a split PRM a third of them, at least one: it scores only when a
+    client asks, so the two rarely compete."""
+    cores = usable_cores()
+    if caller_core:
+        spare = max(1, cores - 1)
+        if not split:
+            return spare, spare
+        prm = max(1, spare // 3)
+        return max(1, spare - prm), prm
+    return cores, max(1, cores // 3) if split else cores
 
 
 def describe_exit(code: int | None) -> str:

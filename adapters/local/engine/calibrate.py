@@ -279,7 +279,7 @@ def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[in
         "engine": [
             cfg.device,
             cfg.dtype,
-            cfg.weights,  # a GGUF's quantized steps cost their own
+            engine.loaded.weights,  # a GGUF's quantized steps cost their own
             cfg.block_size,
             cfg.max_num_seqs,
             cfg.max_num_batched_tokens,

@@ -32,6 +32,7 @@ class LoadedModel:
     args: ModelArgs
     tokenizer: Any | None  # a transformers tokenizer, or None (random-weight models)
     hf_config: Any
+    weights: str = "float"  # what runs: "float", or "gguf" (its quantized matrices too)
 
 
 def _check_family(config: Any, where: str) -> None:
@@ -66,7 +67,8 @@ def load_model_folder(
 ) -> LoadedModel:
     """Read ``config.json``, every ``*.safetensors`` and the tokenizer from ``path``;
     ``weights="gguf"``: also its ``model.gguf``'s quantized matrices, run at the decode
-    steps where they measured faster (``gguf_weights.py``)."""
+    steps where they measured faster (``gguf_weights.py``); ``"auto"``: those where the
+    folder has one and they can run here (float32 on the CPU, the C kernel built)."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoTokenizer
 
@@ -79,12 +81,24 @@ def load_model_folder(
     for file in files:
         tensors.update(load_file(str(file), device="cpu"))
     model.load_hf_weights(tensors)
+    if weights == "auto":
+        weights = "gguf" if _gguf_runs(folder, device, dtype) else "float"
     if weights == "gguf":
         _attach_gguf(model, folder, device, dtype)
     tokenizer = (
         AutoTokenizer.from_pretrained(folder, local_files_only=True) if with_tokenizer else None
     )
-    return LoadedModel(model, model.args, tokenizer, config)
+    return LoadedModel(model, model.args, tokenizer, config, weights)
+
+
+def _gguf_runs(folder: Path, device: str, dtype: torch.dtype) -> bool:
+    """``weights="auto"``: the folder ships a GGUF and its kernel runs here. Without a C
+    compiler the float weights run, as they did before GGUF weights existed."""
+    from .gguf_weights import load_quant_kernel
+
+    if device != "cpu" or dtype != torch.float32 or not (folder / "model.gguf").is_file():
+        return False
+    return load_quant_kernel()[0] is not None
 
 
 def _attach_gguf(model: DecoderModel, folder: Path, device: str, dtype: torch.dtype) -> None:

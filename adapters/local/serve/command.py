@@ -91,7 +91,8 @@ def build_server(
         )
     if port is not None:
         check_bind(host, port)
-    options = {**prog.backend_options("local"), **given}
+    # the server's own process only moves HTTP: the engine may take every core
+    options = {"caller_core": False, **prog.backend_options("local"), **given}
     pairs = " ".join(f"{k}={v}" for k, v in given.items())
     backend = cli_kit.start_backend(
         "local", options, f"--backend-opt {pairs}" if pairs else "defaults", tuple(given)

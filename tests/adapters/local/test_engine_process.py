@@ -186,6 +186,23 @@ def test_default_threads_split_the_spare_cores(monkeypatch: pytest.MonkeyPatch) 
         assert proc.default_threads() == shared and proc.default_threads(True) == split
 
 
+def test_without_a_caller_core_the_engine_takes_every_core(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``caller_core=False`` (``spec-tot serve``): the engine gets every core, a split PRM a
+    third of them, one at least."""
+    from spec_tot.adapters.local.core import proc
+
+    for cores, shared, split in ((1, (1, 1), (1, 1)), (2, (2, 2), (2, 1)), (16, (16, 16), (16, 5))):
+        monkeypatch.setattr(proc, "usable_cores", lambda n=cores: n)
+        assert proc.default_threads(False, caller_core=False) == shared
+        assert proc.default_threads(True, caller_core=False) == split
+    with pytest.raises(ConfigError, match="caller_core"):
+        from spec_tot.adapters.local.config import CoreOptions
+
+        CoreOptions(caller_core="no")  # type: ignore[arg-type]
+
+
 def test_an_in_thread_core_is_given_no_thread_count(make_backend: Any) -> None:
     """``threads`` is the children's: an in-thread core runs on the caller's torch setting
     (the core would otherwise call ``torch.set_num_threads`` in the caller's process)."""

@@ -133,6 +133,25 @@ def test_gguf_is_refused_naming_the_option(tiny_llama: Path) -> None:
         load_model_folder(tiny_llama, "cpu", torch.bfloat16, with_tokenizer=False, weights="gguf")
 
 
+def test_auto_weights_run_the_gguf_only_where_the_folder_ships_one(tiny_llama: Path) -> None:
+    """The default, ``weights="auto"``: a folder without a ``model.gguf`` runs its float
+    weights (and a bfloat16 engine always does); SmolLM2's, when fetched, its GGUF's."""
+    assert EngineConfig(model=str(tiny_llama)).weights == "auto"
+    loaded = load_model_folder(tiny_llama, "cpu", torch.float32, with_tokenizer=False,
+                               weights="auto")  # fmt: skip
+    assert loaded.weights == "float"
+    folder = smollm2_folder()
+    if not (folder / "model.gguf").is_file():
+        pytest.skip("SmolLM2 not fetched (python scripts/fetch_smollm2.py)")
+    on_bf16 = load_model_folder(folder, "cpu", torch.bfloat16, with_tokenizer=False,
+                                weights="auto")  # fmt: skip
+    assert on_bf16.weights == "float"
+    if load_quant_kernel()[0] is not None:
+        loaded = load_model_folder(folder, "cpu", torch.float32, with_tokenizer=False,
+                                   weights="auto")  # fmt: skip
+        assert loaded.weights == "gguf" and loaded.model.layer(0).o_linear.quant is not None
+
+
 def test_the_engine_runs_smollm2_on_its_gguf_weights() -> None:
     """End to end on the real model when fetched: the engine loads ``weights="gguf"``, its
     decode steps take the Q4 path where it measured faster, and greedy decoding runs to the
