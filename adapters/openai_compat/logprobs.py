@@ -3,7 +3,11 @@ logprob and the top k at each position (``choices[i].logprobs``: ``tokens``,
 ``token_logprobs``, ``top_logprobs`` as ``{token text: logprob}``). The protocol speaks token
 *texts*; ``SamplingParams.logprob_token_ids`` names ids, so they are read through the served
 model's tokenizer (the backend's ``tokenizer`` folder) from the top 20, where an id outside
-them has logprob -inf. Without a tokenizer, ids are unknown (-1) and no ids can be given."""
+them has logprob -inf. Without a tokenizer, ids are unknown (-1) and no ids can be given.
+
+llama.cpp's ``llama-server`` answers the same request in the chat completions' shape:
+``logprobs: {content: [{id, token, logprob, top_logprobs: [{id, token, logprob}]}]}``, with
+the ids themselves, which are read as given."""
 
 from __future__ import annotations
 
@@ -37,6 +41,8 @@ def parse_logprobs(
     """One ``TokenLogprob`` per generated position of a choice's ``logprobs`` block."""
     if not isinstance(block, dict):
         return ()
+    if isinstance(block.get("content"), list):
+        return _parse_chat_shape(block["content"], sampling, tokenizer)
     texts = block.get("tokens") or []
     values = block.get("token_logprobs") or []
     tops = block.get("top_logprobs") or []
@@ -52,6 +58,40 @@ def parse_logprobs(
                 logprob=float(value) if value is not None else -math.inf,
                 top=tuple((_id(tokenizer, t), float(lp)) for t, lp in best),
                 given=tuple((i, float(top.get(t, -math.inf))) for i, t in wanted),
+            )
+        )
+    return tuple(out)
+
+
+def _parse_chat_shape(
+    positions: list[Any], sampling: SamplingParams, tokenizer: Any
+) -> tuple[TokenLogprob, ...]:
+    """llama-server's shape: each position and each of its top entries carry their ``id``
+    (else their ``token`` text, read through the tokenizer)."""
+
+    def _entry_id(entry: dict[str, Any]) -> int:
+        given = entry.get("id")
+        if isinstance(given, int) and not isinstance(given, bool):
+            return given
+        return _id(tokenizer, str(entry.get("token", "")))
+
+    keep = sampling.logprobs or 0
+    out = []
+    for position in positions:
+        if not isinstance(position, dict):
+            continue
+        top: dict[int, float] = {}
+        for entry in position.get("top_logprobs") or []:
+            if isinstance(entry, dict) and entry.get("logprob") is not None:
+                top.setdefault(_entry_id(entry), float(entry["logprob"]))
+        value = position.get("logprob")
+        best = sorted(top.items(), key=lambda kv: -kv[1])[:keep]
+        out.append(
+            TokenLogprob(
+                token_id=_entry_id(position),
+                logprob=float(value) if value is not None else -math.inf,
+                top=tuple(best),
+                given=tuple((i, top.get(i, -math.inf)) for i in sampling.logprob_token_ids),
             )
         )
     return tuple(out)

@@ -218,6 +218,25 @@ def test_logprobs_over_the_protocol_read_ids_through_the_tokenizer() -> None:
     assert only.token_id == -1 and only.top == () and only.given == ()
 
 
+def test_llama_servers_logprobs_in_the_chat_shape_are_read_with_their_ids() -> None:
+    """llama.cpp's ``llama-server`` answers ``/v1/completions`` ``logprobs`` in the chat
+    completions' shape (as it replied live: ``content`` entries with ``id``, ``token``,
+    ``logprob`` and ``top_logprobs``); its ids are taken as given, with no tokenizer."""
+    import math
+
+    from spec_tot.adapters.openai_compat.logprobs import parse_logprobs
+
+    top = [{"id": 33, "token": "1", "logprob": -1.47}, {"id": 36, "token": "4", "logprob": -1.80},
+           {"id": 34, "token": "2", "logprob": -2.06}]  # fmt: skip
+    block = {"content": [{"id": 33, "token": "1", "bytes": [49], "logprob": -1.47,
+                          "top_logprobs": top}]}  # fmt: skip
+    judge = SamplingParams(temperature=1.0, max_tokens=1, logprobs=2, logprob_token_ids=(36, 5))
+    (entry,) = parse_logprobs(block, judge, None)
+    assert entry.token_id == 33 and entry.logprob == -1.47
+    assert entry.top == ((33, -1.47), (36, -1.80))
+    assert entry.given == ((36, -1.80), (5, -math.inf))
+
+
 async def test_an_unknown_chat_template_is_said_not_hidden(
     server: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
