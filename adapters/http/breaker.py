@@ -45,6 +45,10 @@ class CircuitBreaker:
             return True
         return False
 
+    def abandon_probe(self) -> None:
+        """The half-open probe was cancelled before any reply: another caller may probe."""
+        self.probing = False
+
     def success(self) -> None:
         self.failures, self.opened_at, self.probing = 0, None, False
 

@@ -1,5 +1,6 @@
 """One worker as the pool sees it: its breaker and slots, its load, its learned speed and
-the deadlines armed on it."""
+the deadlines armed on it. The ``Endpoint`` owns these figures: the pool, the prober and
+the queue reader change them only through its methods (``tests/core/test_ownership.py``)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,28 @@ class Endpoint:
         rate = self.tokens_per_s or 1.0 / assumed_s_per_token
         return max(budget * per_token, (self.tokens_ahead(budget) + budget) / rate)
 
+    # -- a request's life here ---------------------------------------------------------------
+    def count_attempt(self) -> None:
+        """A send right on this worker was claimed for an attempt."""
+        self.attempts += 1
+
+    def begin(self, timer: asyncio.Timeout, due: float, budget: int) -> None:
+        """A request of ``budget`` output tokens is in flight here under ``timer``, due at
+        ``due`` (loop clock)."""
+        self.inflight += 1
+        self.pending[timer] = due
+        self.hold(timer, budget)
+
+    def disarm(self, timer: asyncio.Timeout) -> None:
+        """``timer`` no longer waits here (it fired): a stopped worker will not release it."""
+        self.pending.pop(timer, None)
+
+    def end(self, timer: asyncio.Timeout) -> None:
+        """The request of ``timer`` left this worker (done, failed or cancelled)."""
+        self.disarm(timer)
+        self.drop(timer)
+        self.inflight -= 1
+
     def hold(self, key: object, budget: int) -> None:
         """A request of ``budget`` output tokens is in flight here (``key``: its own)."""
         self.budgets[key] = budget
@@ -67,6 +90,20 @@ class Endpoint:
 
     def drop(self, key: object) -> None:
         self.queued_tokens -= self.budgets.pop(key, 0)
+
+    # -- what was seen of the worker ------------------------------------------------------------
+    def count_miss(self, *, busy: bool = False) -> None:
+        """A request missed its deadline here; ``busy``: judged afterwards a busy worker
+        (its health check answered), not a dead one."""
+        if busy:
+            self.busy_misses += 1
+        else:
+            self.timeouts += 1
+
+    def report_queue(self, queue: float | None) -> None:
+        """The running + waiting requests the server published (None: unknown now, or the
+        worker idle: never a stale figure)."""
+        self.reported_queue = queue
 
     def tokens_ahead(self, budget: int) -> float:
         """Output tokens the worker has to produce before a new request of ``budget`` is

@@ -210,12 +210,10 @@ class EndpointPool:
         follow (a retryable failure, or a deadline missed before the caller had the reply)."""
         loop, where = asyncio.get_running_loop(), endpoint.url + path
         async with endpoint.semaphore:
-            endpoint.inflight += 1
             started = loop.time()
             limit = self.deadline_s(endpoint, budget)
             timer = asyncio.timeout_at(started + limit)
-            endpoint.pending[timer] = started + limit
-            endpoint.hold(timer, budget or 0)
+            endpoint.begin(timer, started + limit, budget or 0)
             self.queues.watch()
             opened = False
             try:
@@ -235,7 +233,7 @@ class EndpointPool:
             except (TimeoutError, _Missed) as exc:
                 if isinstance(exc, TimeoutError) and not timer.expired():
                     raise  # not our deadline: the caller's own TimeoutError
-                endpoint.pending.pop(timer, None)
+                endpoint.disarm(timer)
                 released, reason = _miss(exc, timer, started + limit, limit)
                 self.prober.failed(endpoint, missed=not released)
                 if opened:  # the caller had the response: it cannot be sent again here
@@ -243,12 +241,10 @@ class EndpointPool:
                 raise _TryAgain(reason, missed=True) from None
             except BaseException:
                 if not opened:
-                    endpoint.breaker.probing = False  # a cancelled probe frees the slot
+                    endpoint.breaker.abandon_probe()  # a cancelled probe frees the slot
                 raise
             finally:
-                endpoint.pending.pop(timer, None)
-                endpoint.drop(timer)
-                endpoint.inflight -= 1
+                endpoint.end(timer)
 
     def _attempt(
         self,
@@ -271,7 +267,7 @@ class EndpointPool:
         if endpoint is None:
             errors.append(f"{only or ', '.join(self.urls)}: circuit open")
             return None
-        endpoint.attempts += 1
+        endpoint.count_attempt()
         self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it
         if on_attempt is not None:
             on_attempt(endpoint.url)  # the caller must know where to abort, before any reply

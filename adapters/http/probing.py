@@ -69,7 +69,7 @@ class HealthProber:
         requests without answering: every request waiting on it is released now (they move
         to other workers) instead of each waiting out its own."""
         if missed:
-            endpoint.timeouts += 1
+            endpoint.count_miss()
             if self.health_path is not None:
                 judge = asyncio.get_running_loop().create_task(self._judge_miss(endpoint))
                 self._judges.add(judge)
@@ -79,7 +79,7 @@ class HealthProber:
 
     async def _judge_miss(self, endpoint: Endpoint) -> None:
         if await self.answers(endpoint):
-            endpoint.busy_misses += 1
+            endpoint.count_miss(busy=True)
             return
         self._count_failure(endpoint, missed=True)
 

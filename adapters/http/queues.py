@@ -81,7 +81,7 @@ class QueueReports:
             busy = [e for e in self.endpoints.values() if e.inflight and e.url not in self._silent]
             if not busy:
                 for endpoint in self.endpoints.values():
-                    endpoint.reported_queue = None  # idle: a stale figure would mislead
+                    endpoint.report_queue(None)  # idle: a stale figure would mislead
                 return
             await asyncio.gather(*(self._read(e) for e in busy))
 
@@ -92,9 +92,9 @@ class QueueReports:
                 endpoint.url + self.path, headers=self.headers, timeout=self.timeout_s
             )
         except httpx.HTTPError:
-            endpoint.reported_queue = None  # unknown now: never a stale figure
+            endpoint.report_queue(None)  # unknown now: never a stale figure
             return
         queue = parse_queue(response.text) if response.status_code == 200 else None
         if queue is None and response.status_code < 500:
             self._silent.add(endpoint.url)  # it publishes no queue: do not ask again
-        endpoint.reported_queue = queue
+        endpoint.report_queue(queue)

@@ -8,6 +8,7 @@ check reads the source for the comparisons a launch decision is made of.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 import sys
@@ -81,3 +82,84 @@ def test_no_launch_decision_outside_the_dispatcher() -> None:
             if _DECISIONS.search(code):
                 found.append(f"{rel}:{number}: {line.strip()}")
     assert found == []
+
+
+# An HTTP worker's figures have one owner each: ``Endpoint`` (``adapters/http/endpoint.py``)
+# and its ``CircuitBreaker`` (``breaker.py``). Others call their methods.
+_HOMES = {"adapters/http/endpoint.py", "adapters/http/breaker.py"}
+_MUTATORS = {"pop", "clear", "update", "setdefault", "popitem", "append", "remove"}
+
+
+def _owned_fields() -> set[str]:
+    from dataclasses import fields
+
+    from spec_tot.adapters.http.breaker import CircuitBreaker
+    from spec_tot.adapters.http.endpoint import Endpoint
+
+    return {f.name for cls in (Endpoint, CircuitBreaker) for f in fields(cls)}
+
+
+def _foreign_writes(tree: ast.AST, owned: set[str]) -> list[tuple[int, str]]:
+    """``(line, field)`` of each write to ``x.field`` (assigned, augmented, its item set or
+    deleted, or mutated in place) where ``x`` is not ``self``: another object's state."""
+
+    def foreign(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Attribute) and node.attr in owned:
+            base = node.value
+            if not (isinstance(base, ast.Name) and base.id == "self"):
+                return node.attr
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+        ):
+            targets = [node.func.value]
+        for target in targets:
+            for part in ast.walk(target) if isinstance(target, ast.Tuple) else [target]:
+                while isinstance(part, ast.Subscript):
+                    part = part.value
+                name = foreign(part)
+                if name is not None:
+                    found.append((node.lineno, name))
+    return found
+
+
+def test_no_module_but_the_endpoints_own_writes_an_endpoint_field() -> None:
+    """Issue 53: the pool, the prober and the queue reader change a worker's figures
+    through ``Endpoint``'s methods only (as ``SearchTree`` owns its nodes)."""
+    owned = _owned_fields()
+    assert {"inflight", "pending", "reported_queue", "probing"} <= owned
+    found = []
+    for folder in ("spec_tot", "adapters", "graphs"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in _HOMES:
+                continue
+            for line, name in _foreign_writes(ast.parse(path.read_text()), owned):
+                found.append(f"{rel}:{line} {name}")
+    assert found == []
+
+
+def test_the_ownership_check_sees_each_kind_of_write() -> None:
+    source = """
+endpoint.inflight += 1
+e.pending[timer] = 3
+e.breaker.probing = False
+x.pending.pop(t, None)
+a, b.reported_queue = 1, 2
+self.inflight = 0
+self.pending[k] = 1
+"""
+    found = _foreign_writes(ast.parse(source), _owned_fields())
+    assert sorted(found) == [
+        (2, "inflight"), (3, "pending"), (4, "probing"), (5, "pending"), (6, "reported_queue")
+    ]  # fmt: skip
