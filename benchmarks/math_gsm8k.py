@@ -25,6 +25,12 @@ tokens, the acceptance rate, and whether the answers are the same.
     python benchmarks/math_gsm8k.py modes --method beam --mode-problems 8 --concurrency 4 \
         --modes dedup,full --rounds 5 --json ...
     python benchmarks/math_gsm8k.py drafter --mode-problems 8 --rounds 3 --json ...
+    python benchmarks/math_gsm8k.py weights --methods greedy,beam --mode-problems 16 --json ...
+
+``weights``: the accuracy cost of the GGUF's quantized weights (``EngineConfig.weights``,
+``"auto"`` runs them for SmolLM2 on the CPU) against the float weights: ``full`` on
+``--mode-problems`` problems per method, each weights on a fresh engine: solved, queries/s
+and every problem whose answer differs.
 """
 
 from __future__ import annotations
@@ -162,9 +168,36 @@ async def drafter(args: argparse.Namespace) -> dict[str, Any]:
                        f"{summary_line(cells)}"}  # fmt: skip
 
 
+async def weights(args: argparse.Namespace) -> dict[str, Any]:
+    rows: dict[str, dict[str, Any]] = {}
+    for method in args.methods.split(","):
+        for kind in ("float", "gguf"):
+            options = {**PROGRAM.backend_options("local"), "weights": kind}
+            backend = default_registry().create("local", **options)
+            try:
+                row = await _run(backend, method, args.mode_problems, "full", args.seed)
+            finally:
+                await backend.aclose()
+            print(f"{method} {kind}: {row['solved']}/{args.mode_problems} solved, "
+                  f"{row['queries_per_s']:.3f} q/s", flush=True)  # fmt: skip
+            rows[f"{method}/{kind}"] = row
+    parts, differences = [], {}
+    for method in args.methods.split(","):
+        fl, gg = rows[f"{method}/float"], rows[f"{method}/gguf"]
+        differ = [{"problem": i, "float": a, "gguf": b}
+                  for i, (a, b) in enumerate(zip(fl["answers"], gg["answers"], strict=True))
+                  if a != b]  # fmt: skip
+        differences[method] = differ
+        parts.append(f"{method}: solved {fl['solved']} float vs {gg['solved']} gguf, "
+                     f"{len(differ)}/{args.mode_problems} answers differ, "
+                     f"{gg['queries_per_s'] / fl['queries_per_s']:.2f}x q/s (one run)")  # fmt: skip
+    head = f"GGUF vs float weights, x{args.mode_problems}: "
+    return {"rows": rows, "differences": differences, "summary": head + "; ".join(parts)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=["accuracy", "modes", "drafter"])
+    ap.add_argument("what", choices=["accuracy", "modes", "drafter", "weights"])
     ap.add_argument("--problems", type=int, default=100)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--method", default="rebase", choices=list(METHODS))
@@ -175,7 +208,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
     args = ap.parse_args()
-    job = {"accuracy": accuracy, "modes": modes, "drafter": drafter}[args.what]
+    job = {"accuracy": accuracy, "modes": modes, "drafter": drafter, "weights": weights}[args.what]
     result = asyncio.run(job(args))
     result["config"] = vars(args)
     print(result["summary"])
