@@ -15,7 +15,8 @@ interleaved in a seeded shuffled order after a dropped warm-up. A run sends
 output tokens/s; ratio to ``--control`` (default vLLM) per round, median with a bootstrap
 90% interval.
 
-``tot``: the math program (beam) through the vLLM backend, ``spec-tot bench`` with
+``tot``: the math program (beam) through the OpenAI-compatible backend to vLLM (or
+``--server llamacpp``: llama.cpp's llama-server), ``spec-tot bench`` with
 ``--modes baseline,dedup,full`` (queries/s; ratios against ``--control``). vLLM is started
 with chunked prefill off, which lets it take seeded requests (0.32.0's CPU engine dies on a
 seeded request whose token a chunked prefill discards), so every mode sends the same seeds
@@ -116,8 +117,8 @@ def prompts(folder: Path, n: int, round_no: str) -> list[str]:
     for problem in math_inputs(n):
         text = f"Round {round_no}. Solve step by step.\n{problem['question']}"
         messages = [{"role": "user", "content": text}]
-        out.append(tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=True))  # fmt: skip
+        out.append(str(tokenizer.apply_chat_template(messages, tokenize=False,
+                                                     add_generation_prompt=True)))  # fmt: skip
     return out
 
 
@@ -202,12 +203,26 @@ def _interval(interval: tuple[float, float] | None) -> str:
     return f"[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "[-]"
 
 
+@contextlib.contextmanager
+def _tot_server(who: str, folder: Path, venv: Path | None) -> Iterator[Any]:
+    """The server ``tot`` runs the math program through: vLLM (chunked prefill off, see
+    the module docstring) or llama.cpp's llama-server (its defaults, 32 slots)."""
+    if who == "vllm":
+        extra = ("--no-enable-chunked-prefill",)  # seeded requests: see the module docstring
+        with vllm_cpu.serve(folder, venv=venv, extra=extra) as server:
+            yield server
+        return
+    server = llama_server.start(fetch_smollm2.fetch_gguf(), slots=32, threads=2)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def tot(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(fetch_smollm2.fetch_smollm2())
-    harness = vllm_cpu
     venv = Path(args.vllm_venv) if args.vllm_venv else None
-    extra = ("--no-enable-chunked-prefill",)  # seeded requests: see the module docstring
-    with harness.serve(folder, venv=venv, extra=extra) as vllm:
+    with _tot_server(args.server, folder, venv) as vllm:
         # spec-tot bench's own rounds JSON, kept beside ours (or in a temporary folder)
         keep = Path(args.json).with_suffix(".bench.json") if args.json else None
         out = keep or Path(tempfile.mkdtemp()) / "bench.json"
@@ -215,7 +230,7 @@ def tot(args: argparse.Namespace) -> dict[str, Any]:
             sys.executable, "-m", "spec_tot", "bench", "--program", "math", "--dataset", "gsm8k",
             "--backend", "openai", "--backend-opt", f"urls={vllm.url}",
             "--backend-opt", f"model={vllm.model}", "--backend-opt", f"tokenizer={folder}",
-            "--search", args.search, "--modes", "baseline,dedup,full",
+            "--search", args.search, "--modes", args.modes,
             "--concurrency", args.concurrency, "--queries", str(args.queries),
             "--rounds", str(args.rounds), "--control", args.control, "--json", str(out),
         ]  # fmt: skip
@@ -231,7 +246,8 @@ def tot(args: argparse.Namespace) -> dict[str, Any]:
         "bench": payload,
         "failed_queries": failed,
         "solved_per_cell": {k: sorted(v) for k, v in solved.items()},
-        "line": f"tot through vLLM: {failed} failed queries; {payload['summary']}",
+        "server": args.server,
+        "line": f"tot through {args.server}: {failed} failed queries; {payload['summary']}",
     }
 
 
@@ -246,6 +262,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=48, help="engines: tokens a prompt")
     parser.add_argument("--queries", type=int, default=8, help="tot: queries a run")
     parser.add_argument("--search", default="beam", help="tot: the search policy")
+    parser.add_argument("--modes", default="baseline,dedup,full", help="tot: executor modes")
+    parser.add_argument(
+        "--server", choices=["vllm", "llamacpp"], default="vllm", help="tot: which server"
+    )
     parser.add_argument(
         "--control", default=None, help="the ratios' denominator (tot: dedup; engines: vllm)"
     )
