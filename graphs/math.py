@@ -24,6 +24,7 @@ Rewards, one of:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -126,6 +127,9 @@ class SelfJudge(RewardBackend):
             raise ConfigError("yes_no", f"expected 'auto', None or two token ids, got {yes_no!r}")
         self.backend, self.chat, self.prompt = backend, chat, prompt
         self._yes_no = yes_no
+        # One trace may be scored twice at once (speculatively, then committed): each call
+        # gets its own request id, so a backend never sees an id that is still open.
+        self._calls = itertools.count()
 
     @property
     def yes_no(self) -> tuple[int, int] | None:
@@ -151,7 +155,7 @@ class SelfJudge(RewardBackend):
             else SamplingParams(temperature=0.0, max_tokens=1, logprobs=0)
         )
         request = GenerateRequest(
-            f"{item.request_id}/judge",
+            f"{item.request_id}/judge{next(self._calls)}",
             sampling,
             prompt=self.chat([{"role": "user", "content": text}]),
         )

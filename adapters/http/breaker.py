@@ -45,6 +45,12 @@ class CircuitBreaker:
             return True
         return False
 
+    def trip(self) -> None:
+        """Open now, whatever the count: the worker was seen stopped."""
+        self.failures = max(self.failures, self.threshold)
+        self.probing = False
+        self.opened_at = self.clock()
+
     def abandon_probe(self) -> None:
         """The half-open probe was cancelled before any reply: another caller may probe."""
         self.probing = False

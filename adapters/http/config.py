@@ -17,7 +17,15 @@ class HttpConfig:
     at most ``deadline_cap_s``, where ``budget`` is the request's output-token limit and
     ``s_per_token`` the worker's learned speed (``assumed_s_per_token`` until it answered
     once). A request with no budget (classify, abort) gets the floor. ``health_path``: what
-    the timed probe of an open breaker requests (None: probe only with traffic)."""
+    the timed probe of an open breaker requests (None: probe only with traffic).
+
+    ``stall_s``: a worker that holds requests and has not said a word for this long (no
+    reply opened or finished) has its health checked, every ``stall_s / 9`` seconds while
+    it stays silent; no answer within ``probe_timeout_s`` and it is declared stopped: its
+    breaker opens and every request on it is released at once, to another worker or failed
+    with an error naming its URL and what was seen (with the defaults, within 55 s of its
+    last word; a deadline alone could take ``deadline_cap_s``). Above 30 s on purpose: a
+    server paused and continued within that loses nothing. None: never (deadlines only)."""
 
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0  # between two bytes; deadlines bound the whole request
@@ -35,6 +43,7 @@ class HttpConfig:
     speed_weight: float = 0.2  # weight of each new speed sample (exponential smoothing)
     health_path: str | None = "/health"
     probe_timeout_s: float = 5.0
+    stall_s: float | None = 45.0
     # The server's Prometheus page: its running and waiting requests (every client's) make
     # the work ahead of a request (vLLM's and SGLang's names); None: do not read it.
     metrics_path: str | None = "/metrics"
@@ -67,6 +76,11 @@ class HttpConfig:
             path = getattr(self, name)
             if path is not None and not str(path).startswith("/"):
                 raise ConfigError(name, f"must start with '/', got {path!r}")
+        stall = self.stall_s
+        if stall is not None and (
+            isinstance(stall, bool) or not isinstance(stall, int | float) or not stall > 0
+        ):
+            raise ConfigError("stall_s", f"must be a number > 0 or None, got {stall!r}")
         poll = self.queue_poll_s
         if isinstance(poll, bool) or not isinstance(poll, int | float) or not poll >= 0:
             raise ConfigError("queue_poll_s", f"must be a number >= 0, got {poll!r}")

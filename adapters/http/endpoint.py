@@ -35,6 +35,12 @@ class Endpoint:
     # come and go: a deadline reads it per request): the work ahead of a new one.
     budgets: dict[object, int] = field(default_factory=dict)
     queued_tokens: int = 0
+    # The pool's clock when a reply last opened or finished here (or its health answered),
+    # restarted when a request arrives at an idle worker: how long it has kept its requests
+    # without a word.
+    last_progress: float | None = None
+    # Why its requests were released (it stopped answering), until it answers again.
+    stopped_reason: str | None = None
 
     def __repr__(self) -> str:
         return f"Endpoint({self.url!r}, {self.breaker.state}, inflight={self.inflight})"
@@ -66,9 +72,11 @@ class Endpoint:
         """A send right on this worker was claimed for an attempt."""
         self.attempts += 1
 
-    def begin(self, timer: asyncio.Timeout, due: float, budget: int) -> None:
+    def begin(self, timer: asyncio.Timeout, due: float, budget: int, now: float) -> None:
         """A request of ``budget`` output tokens is in flight here under ``timer``, due at
-        ``due`` (loop clock)."""
+        ``due`` (loop clock); ``now``: the pool's clock."""
+        if not self.inflight:
+            self.last_progress = now  # an idle worker owed nothing until now
         self.inflight += 1
         self.pending[timer] = due
         self.hold(timer, budget)
@@ -92,6 +100,24 @@ class Endpoint:
         self.queued_tokens -= self.budgets.pop(key, 0)
 
     # -- what was seen of the worker ------------------------------------------------------------
+    def progressed(self, now: float) -> None:
+        """A reply opened or finished here, or its health check answered."""
+        self.last_progress = now
+        self.stopped_reason = None
+
+    def silent_s(self, now: float) -> float:
+        """Seconds this worker has held requests without a word (0 when it holds none)."""
+        if not self.inflight or self.last_progress is None:
+            return 0.0
+        return max(0.0, now - self.last_progress)
+
+    def declare_stopped(self, reason: str, loop_now: float) -> int:
+        """It stopped answering (``reason``: what was seen): its breaker opens and every
+        request waiting on it is released now. Returns how many were released."""
+        self.stopped_reason = reason
+        self.breaker.trip()
+        return self.release(loop_now)
+
     def count_miss(self, *, busy: bool = False) -> None:
         """A request missed its deadline here; ``busy``: judged afterwards a busy worker
         (its health check answered), not a dead one."""

@@ -121,6 +121,7 @@ class EndpointPool:
             headers=self._headers,
             sleep=self.sleep,
             clock=self.clock,
+            stall_s=self.config.stall_s,
         )
         self.queues = QueueReports(
             self.endpoints, self.client, self.config.metrics_path, self.config.queue_poll_s,
@@ -213,8 +214,9 @@ class EndpointPool:
             started = loop.time()
             limit = self.deadline_s(endpoint, budget)
             timer = asyncio.timeout_at(started + limit)
-            endpoint.begin(timer, started + limit, budget or 0)
+            endpoint.begin(timer, started + limit, budget or 0, self.clock())
             self.queues.watch()
+            self.prober.watch_stalls()
             opened = False
             try:
                 async with timer:
@@ -224,6 +226,7 @@ class EndpointPool:
                         yield response
                     finally:
                         await response.aclose()
+                endpoint.progressed(self.clock())
                 done = self.protocol.tokens_of(response) if budget else 0
                 if done:
                     self.observe(endpoint.url, done, loop.time() - started)
@@ -234,7 +237,7 @@ class EndpointPool:
                 if isinstance(exc, TimeoutError) and not timer.expired():
                     raise  # not our deadline: the caller's own TimeoutError
                 endpoint.disarm(timer)
-                released, reason = _miss(exc, timer, started + limit, limit)
+                released, reason = _miss(exc, timer, started + limit, limit, endpoint)
                 self.prober.failed(endpoint, missed=not released)
                 if opened:  # the caller had the response: it cannot be sent again here
                     raise BackendTimeoutError(where, reason) from None
@@ -299,6 +302,7 @@ class EndpointPool:
                 endpoint.breaker.success()  # a 4xx is our fault, the worker is alive
             raise BackendError(where, f"HTTP {response.status_code}: {text}")
         endpoint.breaker.success()
+        endpoint.progressed(self.clock())
         return response
 
     async def json(
@@ -319,13 +323,15 @@ class EndpointPool:
 
 
 def _miss(
-    exc: BaseException, timer: asyncio.Timeout, deadline: float, limit: float
+    exc: BaseException, timer: asyncio.Timeout, deadline: float, limit: float, endpoint: Endpoint
 ) -> tuple[bool, str]:
-    """Why an attempt ended without an answer: ``released`` (the worker's breaker opened
-    and cut the deadline short), else its deadline passed or the worker missed it."""
+    """Why an attempt ended without an answer: ``released`` (the worker was found stopped
+    and cut the deadline short: what was seen), else its deadline passed or the worker
+    missed it."""
     released = timer.expired() and (timer.when() or 0.0) < deadline
     if released:
-        return True, "released: the worker stopped answering (its breaker opened)"
+        seen = endpoint.stopped_reason or "the worker stopped answering (its breaker opened)"
+        return True, f"released: {seen}"
     if isinstance(exc, _Missed):
         return False, str(exc)
     return False, f"no answer within its {limit:.1f} s deadline"

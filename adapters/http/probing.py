@@ -1,6 +1,8 @@
 """A worker's health: failures counted against its breaker (a missed deadline only once a
-health check confirms it), and timed probes of open breakers, so a worker that comes back is
-taken back without waiting for traffic to try it."""
+health check confirms it), timed probes of open breakers, so a worker that comes back is
+taken back without waiting for traffic to try it, and a watch on workers that hold requests
+in silence (``HttpConfig.stall_s``): one whose health check then does not answer is declared
+stopped and releases its requests at once."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ class HealthProber:
     headers: dict[str, str]
     sleep: Callable[[float], Awaitable[None]]
     clock: Clock
+    stall_s: float | None = None
     _task: asyncio.Task[None] | None = field(default=None, init=False)
+    _stalls: asyncio.Task[None] | None = field(default=None, init=False)
     _checks: dict[str, asyncio.Future[bool]] = field(default_factory=dict, init=False)
     _judges: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
@@ -39,14 +43,50 @@ class HealthProber:
             return
         self._task = asyncio.get_running_loop().create_task(self._probe_open())
 
+    def watch_stalls(self) -> None:
+        """Start the watch on silent workers while requests are in flight, unless it runs
+        or is turned off (no ``stall_s`` or no health path)."""
+        if self.stall_s is None or self.health_path is None:
+            return
+        if self._stalls is None or self._stalls.done():
+            self._stalls = asyncio.get_running_loop().create_task(self._watch_stalls())
+
     async def aclose(self) -> None:
         for judge in list(self._judges):
             judge.cancel()
         await asyncio.gather(*self._judges, return_exceptions=True)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for name in ("_task", "_stalls"):
+            task = getattr(self, name)
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                setattr(self, name, None)
+
+    async def _watch_stalls(self) -> None:
+        """Every ninth of ``stall_s`` while some worker holds requests: each one silent for
+        ``stall_s`` whose breaker is closed gets a health check; an answer counts as a word
+        (a busy server is not a stopped one), silence declares it stopped."""
+        assert self.stall_s is not None
+        while any(e.inflight for e in self.endpoints.values()):
+            await self.sleep(self.stall_s / 9)
+            now = self.clock()
+            silent = [
+                e
+                for e in self.endpoints.values()
+                if e.silent_s(now) >= self.stall_s and e.breaker.opened_at is None
+            ]
+            answers = await asyncio.gather(*(self.answers(e) for e in silent))
+            for endpoint, answered in zip(silent, answers, strict=True):
+                if answered:
+                    endpoint.progressed(self.clock())
+                    continue
+                reason = (
+                    f"the worker stopped answering: no reply for {endpoint.silent_s(now):.0f} s"
+                    f" with {endpoint.inflight} request(s) in flight, and {self.health_path} "
+                    f"gave no answer within {self.timeout_s:g} s"
+                )
+                endpoint.declare_stopped(reason, asyncio.get_running_loop().time())
+                self.watch()  # probe it back at the cooldown's end
 
     async def _probe_open(self) -> None:
         """While some breaker is open: at each cooldown's end, probe the worker's health
@@ -116,5 +156,6 @@ class HealthProber:
         # any answer below 500, a 404 included, is a live server
         if await self._answers(endpoint):
             endpoint.breaker.success()
+            endpoint.progressed(self.clock())
         else:
             endpoint.breaker.failure()

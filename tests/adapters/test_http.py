@@ -316,6 +316,56 @@ async def test_one_stopped_worker_times_out_once_and_is_not_sent_it_again() -> N
     await stopped.stop()
 
 
+async def test_a_worker_silent_past_stall_s_is_declared_stopped_naming_what_was_seen() -> None:
+    """Issue 53: requests with long deadlines on a worker that stops (SIGSTOP as a client
+    sees it, /health silent too) end within about ``stall_s`` plus a health check, not
+    their deadlines, each naming the URL and that it stopped answering."""
+    stopped = await Stoppable().start()
+    stopped.running.clear()
+    pool = live_pool([stopped.url], breaker_threshold=5, stall_s=0.45)
+    started = time.monotonic()
+    outs = await asyncio.gather(
+        *(pool.json("POST", "/generate", gen_body(f"q{i}/n", 2000)) for i in range(4)),
+        return_exceptions=True,
+    )  # 2000 tokens: 20 s deadlines
+    assert time.monotonic() - started < 1.5
+    for out in outs:
+        assert isinstance(out, BackendTimeoutError), out
+        assert stopped.url in str(out) and "stopped answering" in str(out)
+        assert "/health gave no answer" in str(out)
+    endpoint = pool.endpoints[stopped.url]
+    assert endpoint.breaker.state in ("open", "half_open") and endpoint.inflight == 0
+    stopped.running.set()  # continued: the timed probe takes it back
+    for _ in range(40):
+        if endpoint.breaker.state == "closed":
+            break
+        await asyncio.sleep(0.05)
+    assert endpoint.breaker.state == "closed" and endpoint.stopped_reason is None
+    await pool.aclose()
+    await stopped.stop()
+
+
+async def test_a_pause_shorter_than_stall_s_loses_nothing() -> None:
+    """Paused for less than ``stall_s`` and continued, a worker finishes every request:
+    silence alone is not a failure, and a busy worker's answering /health is not either."""
+    worker = await Stoppable().start()
+    pool = live_pool([worker.url], stall_s=1.0)
+
+    async def pause() -> None:
+        await asyncio.sleep(0.6)
+        worker.running.set()
+
+    worker.running.clear()  # stopped as the requests arrive, continued 0.6 s later
+    started = time.monotonic()
+    outs = await asyncio.gather(
+        pause(), *(pool.json("POST", "/generate", gen_body(f"q{i}/n", 2000)) for i in range(4))
+    )
+    assert all(url == worker.url for url, _ in outs[1:]) and time.monotonic() - started > 0.6
+    assert pool.endpoints[worker.url].breaker.state == "closed"
+    await pool.aclose()
+    await worker.stop()
+
+
 async def test_the_deadline_covers_a_stream_that_stalls(server: FakeSGLang) -> None:
     server.hang, server.token_delay_s = True, 0.05  # headers, then chunks forever
     pool = live_pool([server.url], deadline_floor_s=0.3)

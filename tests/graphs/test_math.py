@@ -9,6 +9,7 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -163,7 +164,7 @@ def test_the_graph_solves_with_the_self_judge(search: str) -> None:
     app = compile_math(backend=backend, search=search, chat=plain_chat, search_params=params)
     result = app.run_batch(_inputs()).results[0]
     assert result.status == "ok" and result.answer == "5" and result.solved
-    judged = [r for r in backend.requests if r.request_id.endswith("/judge")]
+    judged = [r for r in backend.requests if r.request_id.rsplit("/", 1)[-1].startswith("judge")]
     assert judged and all(r.sampling.temperature == 0 and r.sampling.max_tokens == 1
                           for r in judged)  # fmt: skip
 
@@ -274,7 +275,7 @@ def test_compile_math_needs_no_started_backend() -> None:
                        search_params={"n": 2, "max_depth": 6})  # fmt: skip
     result = app.run_batch(_inputs()).results[0]
     assert result.status == "ok" and result.solved
-    judged = [r for r in backend.requests if r.request_id.endswith("/judge")]
+    judged = [r for r in backend.requests if r.request_id.rsplit("/", 1)[-1].startswith("judge")]
     assert judged and all(r.sampling.logprob_token_ids == (7, 9) for r in judged)
 
 
@@ -298,3 +299,30 @@ def test_the_cli_runs_the_math_program_on_a_dataset_file(
     assert code == 2 and "--dataset" in err and "holds 2 problems; asked for 3" in err
     code = cli.run_cli(["run", "--program", "toy", "--backend", "scripted", "--dataset", "x"])
     assert code == 2 and "program 'toy' reads no dataset" in capsys.readouterr().err
+
+
+def test_each_judge_call_has_its_own_request_id() -> None:
+    """Issue 53: one trace scored twice at once (speculatively, then committed) must not
+    reach the backend under one id: a backend refuses an id that is still open."""
+    from spec_tot.graphs.math import SelfJudge
+    from spec_tot.requests import RewardItem
+
+    seen: list[str] = []
+
+    class Backend:
+        tokenizer = None
+
+        async def start(self) -> None:
+            return None
+
+        async def generate(self, request: Any) -> Any:
+            seen.append(request.request_id)
+            await asyncio.sleep(0.01)  # both calls are open together
+            completion = SimpleNamespace(text="Yes", logprobs=())
+            return SimpleNamespace(completions=[completion])
+
+    judge = SelfJudge(Backend(), lambda messages: messages[0]["content"], yes_no=None)  # type: ignore[arg-type]
+    item = RewardItem("q0/3/1", "What is 2 + 3?", ("2 + 3 = 5",))
+    asyncio.run(judge.score([item, item]))
+    assert len(seen) == 2 and len(set(seen)) == 2
+    assert all(rid.startswith("q0/3/1/judge") for rid in seen)
