@@ -68,6 +68,15 @@ class Endpoint:
         return max(budget * per_token, (self.tokens_ahead(budget) + budget) / rate)
 
     # -- a request's life here ---------------------------------------------------------------
+    def available(self) -> bool:
+        """May traffic be sent here now? A worker found stopped is taken back only by the
+        timed health probe: a request sent as its half-open probe would hang there."""
+        return self.stopped_reason is None and self.breaker.available()
+
+    def claim(self) -> bool:
+        """Claim the right to send here (the half-open probe included; see ``available``)."""
+        return self.stopped_reason is None and self.breaker.acquire()
+
     def count_attempt(self) -> None:
         """A send right on this worker was claimed for an attempt."""
         self.attempts += 1

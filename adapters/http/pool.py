@@ -263,12 +263,15 @@ class EndpointPool:
             pinned = self.endpoints.get(only.rstrip("/"))
             if pinned is None:
                 raise BackendError(only, "not a configured endpoint")
-            pool = [pinned] if pinned.breaker.available() else []
+            pool = [pinned] if pinned.available() else []
         else:
             pool = self.routes.candidates(key)
-        endpoint = next((e for e in pool if e.url not in missed and e.breaker.acquire()), None)
+        endpoint = next((e for e in pool if e.url not in missed and e.claim()), None)
         if endpoint is None:
-            errors.append(f"{only or ', '.join(self.urls)}: circuit open")
+            targets = [only.rstrip("/")] if only else self.urls
+            seen = [r for u in targets if (r := self.endpoints[u].stopped_reason)]
+            why = f" ({seen[0]})" if seen else ""
+            errors.append(f"{only or ', '.join(self.urls)}: circuit open{why}")
             return None
         endpoint.count_attempt()
         self.routes.settle(key, endpoint.url)  # now, so a query's concurrent requests follow it

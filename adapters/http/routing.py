@@ -28,7 +28,7 @@ class StickyRoutes:
 
     def candidates(self, key: str | None) -> list[Endpoint]:
         """Workers to try, best first: the key's home if healthy, then the least loaded."""
-        healthy = [e for e in self.endpoints.values() if e.breaker.available()]
+        healthy = [e for e in self.endpoints.values() if e.available()]
         # New queries go to the least busy worker, then the one homing fewest queries.
         healthy.sort(key=lambda e: (e.inflight, self._homed[e.url], self.urls.index(e.url)))
         home = self._home.get(key) if key is not None else None

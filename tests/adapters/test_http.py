@@ -335,6 +335,11 @@ async def test_a_worker_silent_past_stall_s_is_declared_stopped_naming_what_was_
         assert "/health gave no answer" in str(out)
     endpoint = pool.endpoints[stopped.url]
     assert endpoint.breaker.state in ("open", "half_open") and endpoint.inflight == 0
+    await asyncio.sleep(0.35)  # past the cooldown: still no request is sent as its probe
+    later = time.monotonic()
+    with pytest.raises(BackendError, match=r"circuit open \(the worker stopped answering"):
+        await pool.json("POST", "/generate", gen_body("late/n", 2000))
+    assert time.monotonic() - later < 0.5 and stopped.attempts["/generate"] == 4
     stopped.running.set()  # continued: the timed probe takes it back
     for _ in range(40):
         if endpoint.breaker.state == "closed":
