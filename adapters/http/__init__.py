@@ -3,7 +3,9 @@ bounded retries, circuit breakers and per-request deadlines (``EndpointPool``), 
 (``HttpConfig``), and the seam a backend plugs its protocol into (``WireProtocol``).
 
 A new HTTP backend builds an ``EndpointPool`` with its own ``WireProtocol`` (how many output
-tokens a request body asks for, how many a reply holds) and sends through ``send``/``json``;
+tokens a request body asks for, how many a reply holds) and sends through ``call`` (the
+one retry layer: a reply consumed under its deadline, a cut one resent where safe),
+``send`` or ``json``;
 nothing here knows any server's request or reply shapes.
 """
 

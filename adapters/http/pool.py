@@ -9,6 +9,9 @@ goes through ``EndpointPool.send``, which:
 - retries, with jittered exponential backoff and a bounded number of attempts, only what is
   safe to retry: a refused/unsent connection, 502/503/504, and a connection lost before any
   byte of the response arrived (the server saw no complete request, or says it did nothing);
+  for a request the server keeps no state of (``call(resend_cut=True)``), also a reply the
+  connection cut after it opened, once. This loop is the only retry layer: backends hand
+  it their reply readers (``call``) instead of resending themselves;
 - gives each request a deadline: the worker's learned seconds per output token times the
   request's token budget (read by the backend's ``WireProtocol``), times a slack, plus a floor,
   under a cap; a request that misses it gives up on that worker and is sent to another
@@ -32,9 +35,9 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -52,28 +55,20 @@ __all__ = ["RETRYABLE_STATUS", "EndpointPool"]
 
 # 502/503/504: a proxy or an overloaded server that did not run the request.
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+T = TypeVar("T")
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
 
 
-class _Retryable(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class _TryAgain(Exception):
     """An attempt ended before the caller had a reply: another worker (or this one, after
-    a backoff) may be tried. ``missed``: the worker may still run it (never resent there)."""
+    a backoff) may be tried. ``missed``: the worker gave no (complete) answer in time and
+    may still be working on it (never resent there)."""
 
     def __init__(self, reason: str, missed: bool) -> None:
         super().__init__(reason)
         self.reason, self.missed = reason, missed
-
-
-class _Missed(Exception):
-    """The worker gave no (complete) answer in time: it may still be working on it."""
 
 
 @dataclass
@@ -163,7 +158,7 @@ class EndpointPool:
         if endpoint is not None and tokens > 0 and seconds >= 0:
             endpoint.observe(tokens, seconds, self.config.speed_weight, endpoint.inflight)
 
-    # -- sending -------------------------------------------------------------------------------
+    # -- sending: the one retry layer ------------------------------------------------------------
     @asynccontextmanager
     async def send(
         self,
@@ -181,27 +176,78 @@ class EndpointPool:
         ``on_attempt`` is told each worker tried; ``budget`` (output tokens) sizes the
         deadline, read from the body when not given. The deadline covers the caller's block
         too (reading the body): past it the block is cancelled and ``BackendTimeoutError``
-        raised. The response is closed, and the worker's slot released, when the block exits."""
+        raised. The response is closed, and the worker's slot released, when the block exits.
+        Once the block has the response nothing is sent again (``call`` can)."""
         budget = budget if budget is not None else self.protocol.request_budget(body)
-        errors: list[str] = []
-        missed: set[str] = set()  # workers that may still run it: never sent it again
-        for attempt in range(self.config.max_retries + 1):
-            if missed and all(u in missed for u in ([only.rstrip("/")] if only else self.urls)):
+        tries = _Tries(path)
+        async with aclosing(self._tries(tries, key, only, on_attempt)) as endpoints:
+            async for endpoint in endpoints:
+                try:
+                    async with self._on(endpoint, method, path, body, budget) as response:
+                        yield endpoint, response
+                    return
+                except _TryAgain as again:
+                    tries.failed(endpoint, again)
+
+    async def call(
+        self,
+        method: str,
+        path: str,
+        body: Any,
+        consume: Callable[[Endpoint, httpx.Response], Awaitable[T]],
+        *,
+        resend_cut: bool = False,
+        key: str | None = None,
+        only: str | None = None,
+        on_attempt: Callable[[str], None] | None = None,
+        budget: int | None = None,
+    ) -> T:
+        """``send``, and ``consume(endpoint, response)`` the reply under the same deadline.
+        ``resend_cut`` (a request the server keeps no state of: sampling): a reply the
+        connection cut after it opened (a worker that died under it, behind a router too)
+        is sent once more, as one more attempt of the same loop, so a dead server then fails
+        fast, naming itself; ``consume`` starts over (it is given the new reply)."""
+        budget = budget if budget is not None else self.protocol.request_budget(body)
+        tries = _Tries(path, cuts=int(resend_cut))
+        async with aclosing(self._tries(tries, key, only, on_attempt)) as endpoints:
+            async for endpoint in endpoints:
+                try:
+                    async with self._on(endpoint, method, path, body, budget) as response:
+                        try:
+                            return await consume(endpoint, response)
+                        except (httpx.TransportError, BackendError) as exc:
+                            again = tries.cut(exc)
+                            if again is not None:
+                                raise again from exc
+                            if isinstance(exc, BackendError):
+                                raise
+                            where = endpoint.url + path
+                            raise BackendError(where, f"reply cut short: {exc!r}") from exc
+                except _TryAgain as again:
+                    tries.failed(endpoint, again)
+        raise AssertionError("unreachable: _tries raises when it gives up")
+
+    async def _tries(
+        self,
+        tries: _Tries,
+        key: str | None,
+        only: str | None,
+        on_attempt: Callable[[str], None] | None,
+    ) -> AsyncIterator[Endpoint]:
+        """The worker of each attempt, with a backoff between them, until the caller stops
+        asking or the attempts run out (then the error naming every one of them)."""
+        attempt = -1
+        while (attempt := attempt + 1) < self.config.max_retries + 1 + tries.resent:
+            if tries.missed and all(
+                u in tries.missed for u in ([only.rstrip("/")] if only else self.urls)
+            ):
                 break  # no worker left that has not let this request's deadline pass
             if attempt:
                 await self.sleep(_backoff(self.config, self.rng, attempt - 1))
-            endpoint = self._attempt(key, only, missed, errors, on_attempt)
-            if endpoint is None:
-                continue
-            try:
-                async with self._on(endpoint, method, path, body, budget) as response:
-                    yield endpoint, response
-                return
-            except _TryAgain as again:
-                if again.missed:
-                    missed.add(endpoint.url)
-                errors.append(f"{endpoint.url + path}: {again.reason}")
-        raise _gave_up(errors, missed, self.urls)
+            endpoint = self._attempt(key, only, tries.missed, tries.errors, on_attempt)
+            if endpoint is not None:
+                yield endpoint
+        raise _gave_up(tries.errors, tries.missed, self.urls)
 
     @asynccontextmanager
     async def _on(
@@ -219,25 +265,28 @@ class EndpointPool:
             self.prober.watch_stalls()
             opened = False
             try:
-                async with timer:
-                    response = await self._open(endpoint, method, path, body)
-                    opened = True
-                    try:
-                        yield response
-                    finally:
-                        await response.aclose()
+                try:
+                    async with timer:
+                        response = await self._open(endpoint, method, path, body)
+                        opened = True
+                        try:
+                            yield response
+                        finally:
+                            await response.aclose()
+                except TimeoutError:
+                    if not timer.expired():
+                        raise  # not our deadline: the caller's own TimeoutError
+                    raise _TryAgain(f"no answer within its {limit:.1f} s deadline", True) from None
                 endpoint.progressed(self.clock())
                 done = self.protocol.tokens_of(response) if budget else 0
                 if done:
                     self.observe(endpoint.url, done, loop.time() - started)
-            except _Retryable as exc:
-                self.prober.failed(endpoint)
-                raise _TryAgain(exc.reason, missed=False) from None
-            except (TimeoutError, _Missed) as exc:
-                if isinstance(exc, TimeoutError) and not timer.expired():
-                    raise  # not our deadline: the caller's own TimeoutError
+            except _TryAgain as again:
+                if not again.missed:
+                    self.prober.failed(endpoint)
+                    raise
                 endpoint.disarm(timer)
-                released, reason = _miss(exc, timer, started + limit, limit, endpoint)
+                released, reason = _miss(again.reason, timer, started + limit, endpoint)
                 self.prober.failed(endpoint, missed=not released)
                 if opened:  # the caller had the response: it cannot be sent again here
                     raise BackendTimeoutError(where, reason) from None
@@ -285,17 +334,19 @@ class EndpointPool:
         try:
             response = await self.http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise _Retryable(f"cannot connect ({type(exc).__name__})") from exc
+            raise _TryAgain(f"cannot connect ({type(exc).__name__})", False) from exc
         except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
             # Lost before the status line: no byte of a response, safe to send again.
-            raise _Retryable(f"connection lost before a response ({type(exc).__name__})") from exc
+            why = f"connection lost before a response ({type(exc).__name__})"
+            raise _TryAgain(why, False) from exc
         except httpx.TimeoutException as exc:
             # The server may still be working on it: resend only to another worker.
-            raise _Missed(f"no response within the read timeout ({type(exc).__name__})") from exc
+            why = f"no response within the read timeout ({type(exc).__name__})"
+            raise _TryAgain(why, True) from exc
         if response.status_code in RETRYABLE_STATUS:
             text = (await response.aread()).decode(errors="replace")[:200]
             await response.aclose()
-            raise _Retryable(f"HTTP {response.status_code} {text}".strip())
+            raise _TryAgain(f"HTTP {response.status_code} {text}".strip(), False)
         if response.status_code >= 400:
             text = (await response.aread()).decode(errors="replace")[:500]
             await response.aclose()
@@ -313,7 +364,8 @@ class EndpointPool:
     ) -> tuple[str, Any]:
         """Send and decode a JSON body; returns (worker URL, value). ``route``: ``send``'s
         ``key`` and ``only``."""
-        async with self.send(method, path, body, **route) as (endpoint, response):
+
+        async def decode(endpoint: Endpoint, response: httpx.Response) -> tuple[str, Any]:
             try:
                 raw = await response.aread()
             except httpx.HTTPError as exc:
@@ -324,20 +376,48 @@ class EndpointPool:
                 raise BackendError(endpoint.url + path, f"bad JSON: {raw[:200]!r}") from exc
             return endpoint.url, value
 
+        return await self.call(method, path, body, decode, **route)
+
+
+@dataclass
+class _Tries:
+    """One request's attempts: what each failed with, the workers that may still run it
+    (``missed``: never sent it again), the cut replies it may still resend (``cuts``) and
+    those it did (``resent``: attempts on top of the retries)."""
+
+    path: str
+    cuts: int = 0
+    resent: int = 0
+    errors: list[str] = field(default_factory=list)
+    missed: set[str] = field(default_factory=set)
+
+    def failed(self, endpoint: Endpoint, again: _TryAgain) -> None:
+        if again.missed:
+            self.missed.add(endpoint.url)
+        self.errors.append(f"{endpoint.url + self.path}: {again.reason}")
+
+    def cut(self, exc: BaseException) -> _TryAgain | None:
+        """One more attempt for a failure while consuming an opened reply, when the
+        connection cut it and a resend is left; else None (the failure stands)."""
+        cause = exc if isinstance(exc, httpx.TransportError) else exc.__cause__
+        if isinstance(cause, httpx.TransportError) and self.cuts > 0:
+            self.cuts -= 1
+            self.resent += 1
+            return _TryAgain(f"reply cut by the connection ({type(cause).__name__})", False)
+        return None
+
 
 def _miss(
-    exc: BaseException, timer: asyncio.Timeout, deadline: float, limit: float, endpoint: Endpoint
+    reason: str, timer: asyncio.Timeout, deadline: float, endpoint: Endpoint
 ) -> tuple[bool, str]:
     """Why an attempt ended without an answer: ``released`` (the worker was found stopped
-    and cut the deadline short: what was seen), else its deadline passed or the worker
-    missed it."""
+    and cut the deadline short: what was seen), else ``reason`` (its deadline passed, or
+    the worker missed it)."""
     released = timer.expired() and (timer.when() or 0.0) < deadline
     if released:
         seen = endpoint.stopped_reason or "the worker stopped answering (its breaker opened)"
         return True, f"released: {seen}"
-    if isinstance(exc, _Missed):
-        return False, str(exc)
-    return False, f"no answer within its {limit:.1f} s deadline"
+    return False, reason
 
 
 def _gave_up(errors: list[str], missed: set[str], urls: list[str]) -> BackendError:

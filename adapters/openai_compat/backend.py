@@ -30,7 +30,13 @@ from typing import Any
 
 import httpx
 
-from spec_tot.adapters.http import EndpointPool, query_key, split_http_options, sse_events
+from spec_tot.adapters.http import (
+    Endpoint,
+    EndpointPool,
+    query_key,
+    split_http_options,
+    sse_events,
+)
 from spec_tot.backends import GenerationBackend, RewardBackend, matches_prefix
 from spec_tot.errors import BackendError
 from spec_tot.requests import (
@@ -215,20 +221,9 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
         run.prompt_tokens = int(usage.get("prompt_tokens") or run.prompt_tokens)
 
     async def _call(self, run: _Run) -> None:
-        """One generation; a reply cut off by the connection (a worker that died under it,
-        behind a router too) is sent once more: sampling has no state on the server, so a
-        second try is a fresh one (the cut text is dropped); a dead server then fails fast,
-        naming itself."""
-        try:
-            await self._call_once(run)
-        except BackendError as exc:
-            if run.aborted or not isinstance(exc.__cause__, httpx.TransportError):
-                raise
-            run.reset()
-            await self._call_once(run)
-
-    async def _call_once(self, run: _Run) -> None:
-        key = query_key(run.request.request_id)
+        """One generation. A reply cut by the connection is sent once more (the pool's
+        ``resend_cut``: sampling keeps no state on the server, so a second try is a fresh
+        one and the cut text is dropped)."""
         body = self._body(run.request)
         loop = asyncio.get_running_loop()
         started = loop.time()
@@ -237,10 +232,8 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             nonlocal started
             started = loop.time()
 
-        async with self.pool.send("POST", "/v1/completions", body, key=key, on_attempt=note) as (
-            ep,
-            response,
-        ):
+        async def consume(ep: Endpoint, response: httpx.Response) -> None:
+            run.reset()  # a resent reply starts over
             where = ep.url + "/v1/completions"
             if body["stream"]:
                 async for chunk in sse_events(response, where):
@@ -253,6 +246,10 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
                 self._take(run, json.loads(await response.aread()), delta=False)
             except (httpx.HTTPError, ValueError) as exc:
                 raise BackendError(where, f"bad or cut reply: {exc!r}") from exc
+
+        key = query_key(run.request.request_id)
+        await self.pool.call("POST", "/v1/completions", body, consume, resend_cut=True,
+                             key=key, on_attempt=note)  # fmt: skip
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         return await self.scorer.score(items)
