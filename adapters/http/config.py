@@ -44,10 +44,14 @@ class HttpConfig:
     health_path: str | None = "/health"
     probe_timeout_s: float = 5.0
     stall_s: float | None = 45.0
-    # The server's Prometheus page: its running and waiting requests (every client's) make
-    # the work ahead of a request (vLLM's and SGLang's names); None: do not read it.
+    # Where a worker publishes its running and waiting requests (every client's): the work
+    # ahead of a request and the engine's load (``queues.py``): its Prometheus page (vLLM's
+    # and SGLang's names), else SGLang's /v1/loads; None: do not read that one.
     metrics_path: str | None = "/metrics"
-    queue_poll_s: float = 2.0  # how often it is read while requests wait there; 0: never
+    loads_path: str | None = "/v1/loads?include=core"
+    # How often it is read while requests wait there, or all along once a backend follows
+    # it for its dispatcher; 0: never.
+    queue_poll_s: float = 0.5
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +76,7 @@ class HttpConfig:
             raise ConfigError("deadline_cap_s", "must be >= deadline_floor_s")
         if self.speed_weight > 1:
             raise ConfigError("speed_weight", f"must be in (0, 1], got {self.speed_weight}")
-        for name in ("health_path", "metrics_path"):
+        for name in ("health_path", "metrics_path", "loads_path"):
             path = getattr(self, name)
             if path is not None and not str(path).startswith("/"):
                 raise ConfigError(name, f"must start with '/', got {path!r}")

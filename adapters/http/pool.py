@@ -119,7 +119,8 @@ class EndpointPool:
             stall_s=self.config.stall_s,
         )
         self.queues = QueueReports(
-            self.endpoints, self.client, self.config.metrics_path, self.config.queue_poll_s,
+            self.endpoints, self.client, (self.config.metrics_path, self.config.loads_path),
+            self.config.queue_poll_s,
             timeout_s=self.config.probe_timeout_s, headers=self._headers,
         )  # fmt: skip
 
@@ -127,6 +128,16 @@ class EndpointPool:
     def http(self) -> httpx.AsyncClient:
         assert self.client is not None
         return self.client
+
+    def reported_load(self) -> float | None:
+        """Running + waiting requests the workers last published (every client's), summed;
+        None while none is known. ``follow_load`` keeps it fresh while idle too."""
+        return self.queues.reported_load()
+
+    def follow_load(self) -> None:
+        """Read the workers' queues all along (a backend's ``reported_load``), not only while
+        requests of ours wait there."""
+        self.queues.follow()
 
     def home_of(self, key: str) -> str | None:
         """The worker that ``key``'s requests go to now, if it has one."""

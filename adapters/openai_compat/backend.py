@@ -107,6 +107,12 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
 
     async def start(self) -> None:
         await self.chat.learn()
+        self.pool.follow_load()
+
+    def reported_load(self) -> float | None:
+        """Every client's running + waiting requests as the servers publish them (vLLM's
+        ``/metrics``), summed over workers: the dispatcher's committed load."""
+        return self.pool.reported_load()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -126,6 +132,7 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if request.request_id in self._runs:
             raise BackendError("openai", f"duplicate in-flight request id {request.request_id!r}")
+        self.pool.follow_load()  # the dispatcher's load, from the first request on
         run = _Run(request)
         self._runs[request.request_id] = run
         run.task = asyncio.create_task(self._call(run))

@@ -23,8 +23,10 @@ Read against SGLang 0.5.23's source (``srt/entrypoints/http_server.py``,
   ``max_total_num_tokens``, ``enable_priority_scheduling`` (a ``priority`` is only sent where
   it is on) and ``schedule_low_priority_values_first``.
 - ``GET /v1/loads?include=core`` (0.5.10 and later) answers ``{"loads": [{"dp_rank",
-  "num_running_reqs", "num_waiting_reqs", ...}]}``: polled in the background for
-  ``reported_load`` (every client's running + waiting requests, summed over workers).
+  "num_running_reqs", "num_waiting_reqs", ...}]}``: read in the background by the pool's
+  one queue reader (``http/queues.py``, which prefers ``/metrics`` where the server
+  publishes it) for ``reported_load`` (every client's running + waiting requests, summed
+  over workers) and the deadlines.
 - ``POST /classify {"text": [...]}`` (a reward model under ``--is-embedding``) answers a list
   of ``{"embedding": [reward, ...]}``; the reward is a raw logit.
 - Speculative decoding (``--speculative-algorithm`` EAGLE/NGRAM/...): each output's
@@ -60,7 +62,6 @@ from spec_tot.requests import (
 
 from .config import DEFAULT_URLS, SGLangConfig
 from .groups import Member, WireGroup, aborted_result
-from .loads import LoadPoller
 from .protocol import SGLANG_WIRE, parse_output, speculation_counts
 from .rewards import SGLangScorer
 from .wire import abort_samples, send_once, send_stream, wire_body
@@ -76,7 +77,6 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         self.config = config
         self.pool = pool or EndpointPool(list(config.urls), config.http, protocol=SGLANG_WIRE)
         self.scorer = SGLangScorer(self.pool, config)
-        self.loads = LoadPoller(self.pool, config.load_poll_s)
         self._info: dict[str, Any] | None = None
         self._info_fetch: asyncio.Future[tuple[str, Any]] | None = None
         self._members: dict[str, Member] = {}
@@ -114,7 +114,7 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         return {**{k: float(v) for k, v in self.counters.items()}, "http_attempts": attempts}
 
     def reported_load(self) -> float | None:
-        return self.loads.reported_load()
+        return self.pool.reported_load()
 
     async def score(self, items: Sequence[RewardItem]) -> list[tuple[float, ...]]:
         return await self.scorer.score(items)
@@ -153,7 +153,7 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         if request.request_id in self._members:
             raise BackendError("sglang", f"duplicate in-flight request id {request.request_id!r}")
         await self.start()
-        self.loads.start()
+        self.pool.follow_load()
         member = Member(request, asyncio.get_running_loop().create_future())
         self._members[request.request_id] = member
         self._join(member)
@@ -194,7 +194,6 @@ class SGLangBackend(GenerationBackend, RewardBackend):
         return len(hit)
 
     async def aclose(self) -> None:
-        await self.loads.aclose()
         for group in list(self._groups.values()):
             if group.task is not None:
                 group.task.cancel()

@@ -32,7 +32,6 @@ class SGLangConfig:
     good_token_id: int | None = None
     bad_token_id: int | None = None
     saturation_batch: int | None = None
-    load_poll_s: float = 0.5  # how often /v1/loads is read for reported_load; 0: never
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:
@@ -40,7 +39,5 @@ class SGLangConfig:
             raise ConfigError("urls", "give at least one SGLang URL")
         if self.reward not in ("classify", "generative"):
             raise ConfigError("reward", f"must be 'classify' or 'generative', not {self.reward!r}")
-        if not (self.load_poll_s >= 0):
-            raise ConfigError("load_poll_s", f"must be >= 0, got {self.load_poll_s}")
         if self.reward == "generative" and self.good_token_id is None:
             raise ConfigError("good_token_id", "the generative PRM needs the 'good' token id")

@@ -125,7 +125,7 @@ async def test_the_queue_is_read_only_while_requests_wait() -> None:
 
     w = Endpoint("http://w", None, asyncio.Semaphore(1))  # type: ignore[arg-type]
     client = Client()
-    reports = QueueReports({"http://w": w}, client, "/metrics", 0.01)  # type: ignore[arg-type]
+    reports = QueueReports({"http://w": w}, client, ("/metrics", None), 0.01)  # type: ignore[arg-type]
     w.inflight = 1
     reports.watch()
     await asyncio.sleep(0.05)

@@ -249,3 +249,17 @@ async def test_an_unknown_chat_template_is_said_not_hidden(
     assert any("tokenizer=DIR" in r.getMessage() for r in caplog.records)
     assert b.render_chat([{"role": "user", "content": "hi"}]) == "user: hi\nassistant:"
     await b.aclose()
+
+
+async def test_the_servers_queue_is_the_dispatchers_load(server: FakeOpenAI) -> None:
+    """Issue 53: an OpenAI-compatible server's published queue (vLLM's /metrics, every
+    client's requests) reaches the dispatcher as ``reported_load``, read by the pool's one
+    reader, and stays read while this client is idle (other clients' load still counts)."""
+    server.metrics = "vllm:num_requests_running 2.0\nvllm:num_requests_waiting 5.0\n"
+    b = backend([server.url], queue_poll_s=0.01, stream=True)
+    assert b.reported_load() is None
+    await b.generate(req("q/a"))
+    await until(lambda: b.reported_load() == 7.0)
+    server.metrics = "vllm:num_requests_running 1.0\nvllm:num_requests_waiting 0.0\n"
+    await until(lambda: b.reported_load() == 1.0)  # idle here, still followed
+    await b.aclose()

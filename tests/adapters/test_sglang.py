@@ -90,7 +90,7 @@ async def test_capabilities_sized_from_server_info(server: FakeSGLang) -> None:
     assert caps.max_running_requests == 96 and caps.saturation_batch == 96
     assert caps.name == "sglang" and caps.prefix_cache and caps.extra["workers"] == 2.0
     await b.aclose()
-    cold = backend([server.url], load_poll_s=0)
+    cold = backend([server.url], queue_poll_s=0)
     before = server.attempts["/get_server_info"]
     await asyncio.gather(*(cold.generate(req(f"q{i}/a", n=1)) for i in range(8)))
     assert server.attempts["/get_server_info"] - before == 1  # a burst shares one fetch
@@ -311,9 +311,9 @@ def _sample_rids(b: SGLangBackend, request_id: str) -> list[str]:
     return group.sample_rids([member])
 
 
-async def test_reported_load_polls_v1_loads(server: FakeSGLang) -> None:
+async def test_reported_load_reads_v1_loads_where_no_metrics_page(server: FakeSGLang) -> None:
     server.hang, server.waiting = True, 3
-    b = backend([server.url], load_poll_s=0.01)
+    b = backend([server.url], queue_poll_s=0.01)
     assert b.reported_load() is None
     task = asyncio.create_task(b.generate(req("q/a", n=2)))
     await until(lambda: b.reported_load() == 5.0)  # 2 running + 3 waiting
