@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
+from spec_tot.errors import BackendError
+
 from .endpoint import Endpoint
 
 __all__ = ["StickyRoutes", "query_key"]
@@ -37,6 +39,31 @@ class StickyRoutes:
             first = [e for e in healthy if e.url == home]
             healthy = first + [e for e in healthy if e.url != home]
         return healthy
+
+    def pick(
+        self, key: str | None, only: str | None, missed: set[str], errors: list[str]
+    ) -> Endpoint | None:
+        """The worker for a request's next attempt (``only``: that one, no failover), not
+        one that may still run it (``missed``), its send right claimed and counted, and made
+        the key's home now, so a query's concurrent requests follow it; None, the reason
+        added to ``errors``, when none may be tried now."""
+        if only is not None:
+            pinned = self.endpoints.get(only.rstrip("/"))
+            if pinned is None:
+                raise BackendError(only, "not a configured endpoint")
+            pool = [pinned] if pinned.available() else []
+        else:
+            pool = self.candidates(key)
+        endpoint = next((e for e in pool if e.url not in missed and e.claim()), None)
+        if endpoint is None:
+            targets = [only.rstrip("/")] if only else self.urls
+            seen = [r for u in targets if (r := self.endpoints[u].stopped_reason)]
+            why = f" ({seen[0]})" if seen else ""
+            errors.append(f"{only or ', '.join(self.urls)}: circuit open{why}")
+            return None
+        endpoint.count_attempt()
+        self.settle(key, endpoint.url)
+        return endpoint
 
     def home_of(self, key: str) -> str | None:
         return self._home.get(key)
