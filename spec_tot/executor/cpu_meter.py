@@ -1,7 +1,7 @@
 """What the executor's own CPU costs, for the dispatcher: the process's CPU time per wall
 second (``CpuMeter``: its gate against speculating in a process whose Python is already
-busy) and the executor's CPU per request run (``RunCpu``: what a miss wastes beyond its
-launch and its tokens)."""
+busy), the executor's CPU per request run (``RunCpu``: what a miss wastes beyond its
+launch and its tokens) and per launch (``LaunchCpu``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["CpuMeter", "RunCpu"]
+__all__ = ["CpuMeter", "LaunchCpu", "RunCpu"]
 
 
 class CpuMeter:
@@ -62,3 +62,18 @@ class RunCpu:
         sample = (now - mark[1]) / self._ended
         self.per_run_s = sample if not self.per_run_s else 0.9 * self.per_run_s + 0.1 * sample
         self._mark, self._ended = (thread, now), 0
+
+
+class LaunchCpu:
+    """The executor's CPU seconds per speculative launch, a moving average of what the
+    launchers measured."""
+
+    def __init__(self) -> None:
+        self.per_launch_s = 0.0
+        self._samples = 0
+
+    def spent(self, seconds: float) -> None:
+        spent = max(0.0, seconds)
+        mean = self.per_launch_s
+        self.per_launch_s = spent if not self._samples else 0.9 * mean + 0.1 * spent
+        self._samples += 1

@@ -29,11 +29,13 @@ latency (so a remote server's curve is its own traffic's) over the backend's cal
 step-time curve (the embedded engine measures one at start-up), or, for a backend without
 one, the roofline's shape: flat below the saturation batch, linear above.
 
-The queue launches while the best value is positive and there is room (the saturation batch
-less committed and speculative sequences in flight); freed room anywhere wakes it (no
-polling), and each event costs O(log Q) heap work. Committed load is the in-process count
-or, when the backend reports its serving engine's load, that figure less this process's
-speculation, whichever is larger: client processes on one server share its room.
+The queue launches while the best value is positive and there is room: the saturation batch
+less committed and speculative sequences in flight, and at most ``gain_loops.limit``
+speculative ones, a cap set by what speculation measurably delivers (``gain_loop.py``).
+Freed room anywhere wakes it (no polling); each event costs O(log Q) heap work. Committed
+load is the in-process count or, when the backend reports its serving engine's load, that
+figure less this process's speculation, whichever is larger: client processes on one
+server share its room.
 
 Every launch decision of every client is the dispatcher's: a client joins with its
 ``ClientRules`` (priced or not, its own caps, whether a busy process holds it back) and asks
@@ -49,7 +51,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from spec_tot.errors import ConfigError
-from spec_tot.executor.cpu_meter import CpuMeter, RunCpu
+from spec_tot.executor.cpu_meter import CpuMeter, LaunchCpu, RunCpu
+from spec_tot.executor.gain_loop import GainLoopConfig, GainLoops
 from spec_tot.executor.offer_queue import OfferQueue, Wakeups
 from spec_tot.executor.offers import HitRates, Offer
 from spec_tot.executor.step_curve import StepCurve
@@ -91,6 +94,11 @@ class ClientRules:
             if value is not None and not (isinstance(value, (int, float)) and value == value):
                 raise ConfigError(name, f"must be a number or None, got {value!r}")
 
+    @property
+    def speculates(self) -> bool:
+        """Whether the price and the gain loop decide its speculation."""
+        return self.priced and self.max_sequences != 0
+
 
 _ANY = ClientRules()
 Caps = Iterable[tuple[int, int | None]]  # a client's own (held, limit) counts
@@ -105,20 +113,22 @@ class Dispatcher:
         load: Callable[[], float | None] = lambda: None,
         clock: Callable[[], float] = time.thread_time,
         step_curve: dict[int, float] | None = None,
+        gain_loop: GainLoopConfig | None = None,
     ) -> None:
         self.capacity = capacity
         self.load = load
         self.clock = clock  # thread CPU: what a launch costs the executor
         self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
+        self.gain_loops = GainLoops(capacity, gain_loop)
         self.cpu = CpuMeter()
         self.run_cpu = RunCpu(clock)
+        self.launch_cpu = LaunchCpu()
         self.local_committed = 0
         self.speculative: dict[str, int] = {}
         self.speculating = 0  # sum(speculative.values()), kept: rows() runs per event
         self.peak_speculative = 0
         self.launches = 0
-        self.cpu_s = 0.0  # moving average of one launch's executor CPU
         self.mean_tokens = 0.0  # moving average of a committed request's tokens
         self.rows_seen = 0.0  # moving average of the rows a committed request starts at
         self._rules: dict[str, ClientRules] = {}
@@ -136,7 +146,8 @@ class Dispatcher:
         return self.committed + self.speculating
 
     def room(self) -> int:
-        return self.capacity - self.rows()
+        """Speculative sequences that may start now: room, within the gain loop's cap."""
+        return min(self.capacity - self.rows(), self.gain_loops.limit - self.speculating)
 
     def committed_started(self) -> int:
         """A committed request starts; returns the rows in flight, for its ``finished``."""
@@ -154,12 +165,14 @@ class Dispatcher:
         if tokens > 0:
             mean = self.mean_tokens
             self.mean_tokens = tokens if not mean else 0.9 * mean + 0.1 * tokens
+        self.gain_loops.result(seconds)
         self._freed()
 
     def started(self, client: str, count: int = 1) -> None:
         self.speculative[client] = self.speculative.get(client, 0) + count
         self.speculating += count
         self.peak_speculative = max(self.peak_speculative, self.speculating)
+        self.gain_loops.used(self.speculating)
 
     def finished(self, client: str, count: int = 1) -> None:
         held = self.speculative.get(client, 0)
@@ -183,7 +196,7 @@ class Dispatcher:
         # Seconds once the curve is measured, or for an offer that generates nothing (a
         # LangGraph function node): before, a token's unit is one step, and a launch's CPU
         # seconds are not comparable with it.
-        cpu = self.cpu_s if self.curve.measured or not offer.tokens else 0.0
+        cpu = self.launch_cpu.per_launch_s if self.curve.measured or not offer.tokens else 0.0
         return p * saved - (1.0 - p) * miss - cpu
 
     def gain_share(self, slack: float) -> float:
@@ -198,8 +211,11 @@ class Dispatcher:
         return offer.tokens * self.curve.costs(self.rows())[0]
 
     def hit(self, offer: Offer, realised: float | None = None) -> None:
-        """A launched ``offer`` was adopted; ``realised``: its head start / ``saving_s``."""
+        """A launched ``offer`` was adopted; ``realised``: its head start / ``saving_s``.
+        An adopted request is a committed one the search need not send: a result."""
         self.rates.hit(offer.slot, realised)
+        if self.gain_loops.result():
+            self._freed()
 
     def could_pay(self, kind: str, tokens: float, reward_s: float = 0.0) -> bool:
         """Whether an offer of ``kind`` could have value now at its best slot's odds."""
@@ -210,6 +226,7 @@ class Dispatcher:
     def join(self, client: str, rules: ClientRules) -> None:
         """``client``'s launches follow ``rules`` from now on (until ``forget``)."""
         self._rules[client] = rules
+        self.gain_loops.clients(sum(r.speculates for r in self._rules.values()))
 
     def rules(self, client: str) -> ClientRules:
         return self._rules.get(client, _ANY)  # a client that never joined: priced, no caps
@@ -220,10 +237,9 @@ class Dispatcher:
         return self.capacity if cap is None else cap - self.speculative.get(client, 0)
 
     def asks(self, client: str, kind: str, tokens: float, reward_s: float = 0.0) -> int:
-        """How many predictions ``client`` should make now: what its cap leaves, at most
-        its ``max_ask``; priced, only the room there is now, and none at all while no offer
-        of ``kind`` could pay at this load (predicting costs the CPU the engine and the
-        reward model need on a small host). At 0 its queued offers are withdrawn."""
+        """Predictions ``client`` should make now: its cap's rest, at most ``max_ask``;
+        priced, at most the room, none while no offer of ``kind`` could pay (predicting costs
+        CPU the engine and reward model need); at 0 its queued offers are withdrawn."""
         rules = self.rules(client)
         ask = self._left(client)
         if rules.max_ask is not None:
@@ -250,8 +266,7 @@ class Dispatcher:
         return self._left(client) > 0 and (not self.rules(client).priced or self.room() > 0)
 
     def quiet(self, client: str, lag_s: float = 0.0) -> bool:
-        """Whether the process has idle time for ``client``'s speculation: its CPU is not
-        busy and (``lag_s``, how late the client's loop runs) its loop keeps time."""
+        """Whether the process's CPU is not busy and ``client``'s loop is at most late."""
         rules = self.rules(client)
         if rules.max_lag_s is not None and lag_s > rules.max_lag_s:
             return False
@@ -270,10 +285,9 @@ class Dispatcher:
         self._drain()
 
     def try_start(self, client: str, offer: Offer, *, lag_s: float = 0.0, caps: Caps = ()) -> bool:
-        """Admit ``offer`` now, outside the queue: the process is ``quiet``, every
-        (held, limit) pair of ``caps`` (the client's own counts) has room, the backend has
-        room, and it has positive value with no queued candidate worth more (they go
-        first). The caller starts it and counts its sequences with ``started``."""
+        """Admit ``offer`` now, outside the queue, if the process is ``quiet``, each (held,
+        limit) of ``caps`` (the client's counts) and the backend have room, and no queued
+        candidate is worth more than its positive value. The caller counts it (``started``)."""
         if not self.quiet(client, lag_s) or self._left(client) <= 0:
             return False
         if any(limit is not None and held >= limit for held, limit in caps):
@@ -297,6 +311,7 @@ class Dispatcher:
         """``client`` ended: its candidates and rules go, its sequences are not counted."""
         self._queue.forget(client)
         self._rules.pop(client, None)
+        self.gain_loops.clients(sum(r.speculates for r in self._rules.values()))
         held = self.speculative.pop(client, 0)
         self.speculating -= held
         if held:
@@ -332,14 +347,9 @@ class Dispatcher:
                 return
             before = self.clock()
             launched = offer.launch(offer)
-            self.launch_cost(self.clock() - before)
+            self.launch_cpu.spent(self.clock() - before)
             if launched:
                 self._launched(offer)
-
-    def launch_cost(self, seconds: float) -> None:
-        """One launch took ``seconds`` of the executor's CPU (as its launcher measured)."""
-        spent = max(0.0, seconds)
-        self.cpu_s = spent if not self.launches else 0.9 * self.cpu_s + 0.1 * spent
 
     def _launched(self, offer: Offer) -> None:
         self.launches += 1

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
 from spec_tot.executor.dispatcher import Dispatcher
-from spec_tot.executor.hit_rate_store import load_hit_rates, save_hit_rates
+from spec_tot.executor.hit_rate_store import load_gain_caps, load_hit_rates, save_hit_rates
 from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.graph_nodes import State
 from spec_tot.seeds import seed_key
@@ -54,16 +54,19 @@ class BackendHub:
 
     def recall_hit_rates(self, path: str | None) -> None:
         """Add what earlier runs learnt (the file at ``path``) to the dispatcher's hit
-        rates, once per file for this backend: a later batch finds them learnt already."""
+        rates and gain loops, once per file for this backend: a later batch finds them
+        learnt already."""
         if path is None or path in self._recalled:
             return
         self.dispatcher.rates.merge(load_hit_rates(path))
+        self.dispatcher.gain_loops.restore(load_gain_caps(path))
         self._recalled.add(path)
 
     def keep_hit_rates(self, path: str | None) -> None:
-        """Write the dispatcher's hit rates to ``path`` for the next run."""
-        if path is not None and self._dispatcher is not None:
-            save_hit_rates(path, self._dispatcher.rates.snapshot())
+        """Write the dispatcher's hit rates and gain loops' caps to ``path`` for the next run."""
+        dispatcher = self._dispatcher
+        if path is not None and dispatcher is not None:
+            save_hit_rates(path, dispatcher.rates.snapshot(), dispatcher.gain_loops.snapshot())
 
     @property
     def dispatcher(self) -> Dispatcher:

@@ -220,7 +220,7 @@ class Speculator:
             return None
         entry = self._start(world, task, key, exact, lease)
         for dispatcher in lease.launched_on:  # what a launch costs, against what it saves
-            dispatcher.launch_cost(time.thread_time() - before)
+            dispatcher.launch_cpu.spent(time.thread_time() - before)
         return entry
 
     def _start(

@@ -71,13 +71,18 @@ def tokens_per_s(server: Any) -> float:
     return float(reply.json()["usage"]["completion_tokens"]) / (time.perf_counter() - started)
 
 
-def running(url: str) -> float:
+def metric(url: str, *names: str) -> float:
+    """The sum of the server's /metrics samples whose name starts with one of ``names``."""
     text = httpx.get(url + "/metrics", timeout=10).text
     return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:num_requests_running")
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names)
     )
+
+
+def running(url: str, *, waiting: bool = False) -> float:
+    """The server's requests running (and, with ``waiting``, queued)."""
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+    return metric(url, *names[: 1 + waiting])
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -135,19 +140,30 @@ async def test_a_cancelled_query_aborts_its_requests_on_the_server(
         asyncio.create_task(b.generate(GenerateRequest(f"q{i}/x", sampling, prompt="Count:")))
         for i in range(4)
     ]
-    deadline = time.monotonic() + 60
-    while running(vllm.url) < 4:
-        assert time.monotonic() < deadline, "the requests never ran"
+    # Polled off the loop (a blocking poll would hold the requests back), and queued
+    # requests count: the server decides how many it runs at once.
+    deadline = time.monotonic() + 120
+    while await asyncio.to_thread(running, vllm.url, waiting=True) < 4:
+        ended = [t for t in tasks if t.done()]
+        assert not ended, f"a request ended early: {ended[0].exception()!r}"
+        assert time.monotonic() < deadline, "the requests never reached the server"
         await asyncio.sleep(0.2)
+    tokens = "vllm:generation_tokens_total"
+    at_cancel = await asyncio.to_thread(metric, vllm.url, tokens)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     deadline = time.monotonic() + 20
-    while running(vllm.url) > 0:
+    while await asyncio.to_thread(running, vllm.url, waiting=True) > 0:
         assert time.monotonic() < deadline, "the server kept running cancelled requests"
         await asyncio.sleep(0.2)
+    # Token by token: once the requests are gone the server generates nothing more for them.
+    stopped = await asyncio.to_thread(metric, vllm.url, tokens)
+    await asyncio.sleep(3.0)
+    assert await asyncio.to_thread(metric, vllm.url, tokens) == stopped
     assert b.num_inflight == 0
     await b.aclose()
+    print(f"tokens generated after the cancel: {stopped - at_cancel:.0f} (4 requests)")
 
 
 def test_the_math_program_32_in_flight_with_zero_failures(vllm: Any, smollm2: Path) -> None:

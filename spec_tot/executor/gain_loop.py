@@ -1,0 +1,287 @@
+"""How much speculation a backend admits, set by what it measurably delivers (issue 53).
+
+The dispatcher's price ranks candidates; it cannot promise "never slower": its inputs (the
+server's marginal cost, the share of a saving that is throughput, the executor's CPU) are
+estimates. ``GainLoop`` closes the loop on measurement. It caps the speculative rows the
+dispatcher may hold in flight (``limit``) and moves the cap by comparing the one figure
+that speculation exists to raise:
+
+    useful results per busy second = (committed requests ended + speculative ones adopted)
+                                     / seconds during which a speculating client ran
+
+An adopted speculative request is a committed one the search no longer sends, so the figure
+counts the same work with and without speculation; idle time between runs is not counted.
+Each load (speculating clients at once, ``GainLoops``) has its own loop, and what it learnt
+is kept with the hit rates between runs (``ExecutorConfig.hit_rates``).
+
+It runs in epochs of at least ``epoch_units`` results and ``epoch_latencies`` times a
+result's mean latency (results come in bursts, a search round's children together: an
+epoch spans several rounds), each starting at a result at least ``settle_latencies`` mean
+latencies after the cap changed (work launched under the old cap ends in that time).
+
+Most epochs run at the current cap (``level``); every ``gap``-th is a probe, half as long,
+at a neighbour on the ladder 0, 1, 2, 4, ... capacity: none at all, half, or double. Each
+probe's log rate against the epoch just before it is one paired sample. A neighbour better
+by more than ``margin`` (and one standard error) over ``samples`` samples, or by 5x
+``margin`` in each of two, becomes the cap; one as clearly worse (or by 5x ``margin``
+once), or no different after 3x ``samples``, is dropped and probes come a quarter as often
+(down to one in ``max_gap`` epochs). Where speculation does not pay, the cap sits at zero
+and probes of one row take about a ``1 / (2 max_gap + 1)`` share of the time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spec_tot.errors import ConfigError
+
+__all__ = ["GainLoop", "GainLoopConfig", "GainLoops"]
+
+
+@dataclass(frozen=True, slots=True)
+class GainLoopConfig:
+    """The loop's settings (module docstring). ``enabled=False``: the price alone decides
+    (the cap stays at the backend's capacity)."""
+
+    enabled: bool = True
+    epoch_units: int = 24
+    epoch_latencies: float = 6.0
+    settle_latencies: float = 1.0
+    margin: float = 0.03
+    samples: int = 3
+    max_gap: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("epoch_units", "samples", "max_gap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"gain_loop.{name}", f"must be an integer >= 1, got {value!r}")
+        for name in ("epoch_latencies", "settle_latencies", "margin"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+                raise ConfigError(
+                    f"gain_loop.{name}", f"must be a finite number >= 0, got {value!r}"
+                )
+
+
+class GainLoop:
+    """The cap on one backend's speculative rows, moved by measured gain (module docstring).
+    The dispatcher tells it of results (``result``), speculative rows in flight (``used``)
+    and whether a speculating client runs (``running``); it reads ``limit``."""
+
+    def __init__(
+        self,
+        capacity: int,
+        config: GainLoopConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or GainLoopConfig()
+        self.ladder = _ladder(capacity)
+        self.level = len(self.ladder) - 1  # index of the cap most epochs run at
+        self.arm: int | None = None  # the ladder index this epoch probes (None: none)
+        self.samples: dict[int, list[float]] = {}
+        self.gap = 1  # epochs at the cap between two probes
+        self.epochs = 0
+        self.moves: list[int] = []  # the caps it moved to, in order
+        self._clock = clock
+        self._active = False
+        self._last = clock()
+        self._busy = 0.0  # busy seconds since the epoch (or its settling) began
+        self._units = 0
+        self._settling = True
+        self.latency_s = 0.0  # a committed result's mean latency
+        self._peak = 0  # speculative rows in flight at most this epoch
+        self._since_probe = 0
+        self._turn = 0  # which neighbour the next probe tries
+        self._dropped: set[int] = set()  # neighbours found no better since the last move
+        self._base_rate: float | None = None  # the rate of the last epoch at the cap
+
+    @property
+    def limit(self) -> int:
+        """The speculative rows the dispatcher may hold in flight now."""
+        if not self.config.enabled:
+            return self.ladder[-1]
+        return self.ladder[self.level if self.arm is None else self.arm]
+
+    def running(self, active: bool) -> None:
+        """Whether a client that may speculate is running (only then is time counted)."""
+        self._advance()
+        self._active = active
+
+    def used(self, rows: int) -> None:
+        """``rows`` speculative rows are in flight now."""
+        self._peak = max(self._peak, rows)
+
+    def result(self, seconds: float | None = None) -> bool:
+        """A committed request ended (after ``seconds``) or a speculative one was adopted;
+        True when the cap changed (grown: the dispatcher should launch what now fits)."""
+        self._advance()
+        if seconds is not None and seconds > 0 and math.isfinite(seconds):
+            mean = self.latency_s
+            self.latency_s = seconds if not mean else 0.9 * mean + 0.1 * seconds
+        config = self.config
+        if not config.enabled or not self._active:  # a result of no speculating client's
+            return False
+        if self._settling:  # the epoch starts at the first result past the settling time
+            if self._busy >= config.settle_latencies * self.latency_s:
+                self._settling, self._busy, self._units = False, 0.0, 0
+            return False
+        self._units += 1
+        share = 1.0 if self.arm is None else 0.5  # a probe may cost: it runs half as long
+        long_enough = self._busy >= share * config.epoch_latencies * self.latency_s
+        if self._units < share * config.epoch_units or not long_enough or self._busy <= 0:
+            return False
+        before = self.limit
+        self._end_epoch(self._units / self._busy)
+        return self.limit != before
+
+    def _advance(self) -> None:
+        now = self._clock()
+        if self._active:
+            self._busy += max(0.0, now - self._last)
+        self._last = now
+
+    def _end_epoch(self, rate: float) -> None:
+        self.epochs += 1
+        if self.arm is None:
+            self._base_rate = rate
+            if self._peak > 0:  # the cap need not sit far above what the price uses
+                self.level = min(self.level, _index_at_least(self.ladder, 2 * self._peak))
+            self._since_probe += 1
+            if self._since_probe >= self.gap:
+                self.arm = self._next_arm()
+        else:
+            arm, self.arm = self.arm, None
+            self._since_probe = 0
+            if self._base_rate:
+                self.samples.setdefault(arm, []).append(math.log(rate / self._base_rate))
+                self._judge(arm)
+        self._units, self._busy, self._peak = 0, 0.0, 0
+        self._settling = True
+
+    def _next_arm(self) -> int | None:
+        """The next neighbour to probe (none at all, half, double: those that exist and
+        are not dropped since the last move), the most promising first. Once all are
+        dropped they return, and probes come a quarter as often."""
+        valid = [i for i in (0, self.level - 1, self.level + 1) if 0 <= i < len(self.ladder)]
+        valid = list(dict.fromkeys(i for i in valid if i != self.level))
+        if not valid:
+            return None
+        arms = [i for i in valid if i not in self._dropped]
+        if not arms:
+            self._dropped.clear()
+            self.gap = min(self.config.max_gap, 4 * self.gap)
+            arms = valid
+        self._turn += 1
+        ahead = [i for i in arms if self.samples.get(i) and statistics.fmean(self.samples[i]) > 0]
+        if ahead:
+            return max(ahead, key=lambda i: statistics.fmean(self.samples[i]))
+        return arms[self._turn % len(arms)]
+
+    def _judge(self, arm: int) -> None:
+        config, ds = self.config, self.samples[arm]
+        n, mean = len(ds), statistics.fmean(ds)
+        se = statistics.stdev(ds) / math.sqrt(n) if n > 1 else math.inf
+        strong = n >= 2 and abs(mean) > 5 * config.margin
+        if mean > config.margin and (
+            (n >= config.samples and mean > se) or (strong and min(ds) > 0)
+        ):
+            self.level = arm
+            self.samples.clear()
+            self._dropped.clear()
+            self.gap = 1
+            self.moves.append(self.ladder[arm])
+            return
+        # Dropping a neighbour only spaces the probes out: one clear loss is enough.
+        worse = mean < -config.margin and (
+            (n >= config.samples and -mean > se) or mean < -5 * config.margin
+        )
+        if worse or n >= 3 * config.samples:
+            del self.samples[arm]
+            self._dropped.add(arm)
+
+
+def _ladder(capacity: int) -> list[int]:
+    """0, 1, 2, 4, ... up to ``capacity`` (which ends it)."""
+    steps, size = [0], 1
+    while size < capacity:
+        steps.append(size)
+        size *= 2
+    if capacity > 0:
+        steps.append(capacity)
+    return steps
+
+
+def _index_at_least(ladder: list[int], rows: int) -> int:
+    return next((i for i, size in enumerate(ladder) if size >= rows), len(ladder) - 1)
+
+
+class GainLoops:
+    """A ``GainLoop`` per load: the speculating clients (searches, LangGraph runs) running
+    at once, in power-of-two buckets (1, 2-3, 4-7, ...). Whether speculation pays depends on
+    how many searches share the engine (one alone leaves it idle while it waits; eight fill
+    its waits with their own work), so each load learns its own cap; the loop of the load
+    now running is the one that counts time and results."""
+
+    def __init__(
+        self,
+        capacity: int,
+        config: GainLoopConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.capacity = capacity
+        self.config = config or GainLoopConfig()
+        self.loops: dict[int, GainLoop] = {}
+        self.bucket = 0  # no speculating client
+        self._clock = clock
+
+    def loop(self, bucket: int) -> GainLoop:
+        """The loop of ``bucket`` (made at the capacity's cap when first used)."""
+        found = self.loops.get(bucket)
+        if found is None:
+            found = self.loops[bucket] = GainLoop(self.capacity, self.config, self._clock)
+        return found
+
+    @property
+    def limit(self) -> int:
+        if self.bucket == 0:
+            return self.capacity
+        return self.loop(self.bucket).limit
+
+    def clients(self, count: int) -> None:
+        """``count`` speculating clients run now."""
+        bucket = max(0, count).bit_length()
+        if bucket != self.bucket:
+            if self.bucket:
+                self.loop(self.bucket).running(False)
+            self.bucket = bucket
+            if bucket:
+                self.loop(bucket).running(True)
+
+    def used(self, rows: int) -> None:
+        if self.bucket:
+            self.loop(self.bucket).used(rows)
+
+    def result(self, seconds: float | None = None) -> bool:
+        """A result (``GainLoop.result``); True when the cap in force changed."""
+        return bool(self.bucket) and self.loop(self.bucket).result(seconds)
+
+    def snapshot(self) -> dict[int, tuple[int, int]]:
+        """What each load learnt: bucket -> (cap, gap), for the next run."""
+        return {
+            b: (loop.ladder[loop.level], loop.gap)
+            for b, loop in sorted(self.loops.items())
+            if loop.epochs
+        }
+
+    def restore(self, learnt: dict[int, tuple[int, int]]) -> None:
+        """Start each load from what an earlier run learnt (``snapshot``)."""
+        for bucket, (cap, gap) in learnt.items():
+            if bucket >= 1:
+                loop = self.loop(bucket)
+                loop.level = _index_at_least(loop.ladder, cap)
+                loop.gap = min(max(1, gap), self.config.max_gap)
