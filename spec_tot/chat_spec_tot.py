@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from typing import Any, ClassVar
@@ -172,11 +173,12 @@ class ChatSpecTot(SpecTotChat):
             dispatcher = None if request.speculative else hub_for(backend).dispatcher
             if dispatcher is not None:
                 dispatcher.committed_started()
+            started = time.perf_counter()
             try:
                 yield request
             finally:
-                if dispatcher is not None:
-                    dispatcher.committed_finished()
+                if dispatcher is not None:  # its latency sizes the gain loop's epochs
+                    dispatcher.committed_finished(seconds=time.perf_counter() - started)
 
     def _late(self) -> BackendError:
         return BackendError(self.backend_name, f"no answer within {self.timeout}s")

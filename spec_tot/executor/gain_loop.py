@@ -31,11 +31,13 @@ and probes of one row take about a ``1 / (2 max_gap + 1)`` share of the time.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from spec_tot.errors import ConfigError
 
@@ -138,6 +140,48 @@ class GainLoop:
         before = self.limit
         self._end_epoch(self._units / self._busy)
         return self.limit != before
+
+    def set_cap(self, rows: int) -> None:
+        """Run at ``rows`` speculative rows at most (the ladder's step at or above it)."""
+        self.level = _index_at_least(self.ladder, rows)
+
+    @property
+    def measured(self) -> bool:
+        """Whether it has anything to keep: an epoch ended, or one under way."""
+        return bool(self.epochs or self._units or self.latency_s)
+
+    def state(self) -> dict[str, Any]:
+        """Its state, caps as rows (``resume`` reads it on a backend of any capacity)."""
+        rows = self.ladder.__getitem__
+        return {
+            "cap": rows(self.level), "arm": None if self.arm is None else rows(self.arm),
+            "gap": self.gap, "epochs": self.epochs, "units": self._units, "busy_s": self._busy,
+            "settling": self._settling, "latency_s": self.latency_s, "base_rate": self._base_rate,
+            "since_probe": self._since_probe, "turn": self._turn,
+            "samples": {str(rows(i)): list(ds) for i, ds in self.samples.items()},
+            "dropped": sorted(rows(i) for i in self._dropped),
+        }  # fmt: skip
+
+    def resume(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state`` (``state()``); one that does not parse is ignored whole."""
+        at = functools.partial(_index_at_least, self.ladder)
+        try:
+            arm = state["arm"]
+            new = (
+                at(int(state["cap"])), None if arm is None else at(int(arm)),
+                min(max(1, int(state["gap"])), self.config.max_gap), int(state["epochs"]),
+                int(state["units"]), float(state["busy_s"]), bool(state["settling"]),
+                float(state["latency_s"]),
+                None if state["base_rate"] is None else float(state["base_rate"]),
+                int(state["since_probe"]), int(state["turn"]),
+                {at(int(k)): [float(d) for d in ds] for k, ds in state["samples"].items()},
+                {at(int(r)) for r in state["dropped"]},
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return
+        (self.level, self.arm, self.gap, self.epochs, self._units, self._busy, self._settling,
+         self.latency_s, self._base_rate, self._since_probe, self._turn, self.samples,
+         self._dropped) = new  # fmt: skip
 
     def _advance(self) -> None:
         now = self._clock()
@@ -270,18 +314,13 @@ class GainLoops:
         """A result (``GainLoop.result``); True when the cap in force changed."""
         return bool(self.bucket) and self.loop(self.bucket).result(seconds)
 
-    def snapshot(self) -> dict[int, tuple[int, int]]:
-        """What each load learnt: bucket -> (cap, gap), for the next run."""
-        return {
-            b: (loop.ladder[loop.level], loop.gap)
-            for b, loop in sorted(self.loops.items())
-            if loop.epochs
-        }
+    def snapshot(self) -> dict[int, dict[str, Any]]:
+        """What each load learnt, its epoch in progress included: bucket -> state, for the
+        next run (a run of a few queries is shorter than an epoch)."""
+        return {b: loop.state() for b, loop in sorted(self.loops.items()) if loop.measured}
 
-    def restore(self, learnt: dict[int, tuple[int, int]]) -> None:
-        """Start each load from what an earlier run learnt (``snapshot``)."""
-        for bucket, (cap, gap) in learnt.items():
+    def restore(self, learnt: Mapping[int, Mapping[str, Any]]) -> None:
+        """Go on from what an earlier run learnt (``snapshot``)."""
+        for bucket, state in learnt.items():
             if bucket >= 1:
-                loop = self.loop(bucket)
-                loop.level = _index_at_least(loop.ladder, cap)
-                loop.gap = min(max(1, gap), self.config.max_gap)
+                self.loop(bucket).resume(state)

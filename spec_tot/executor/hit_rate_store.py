@@ -5,9 +5,9 @@ much of the saving it expected an adopted one realised (``HitRates``). A run of 
 queries ends before it has learnt much: at one query in flight, four Game of 24 queries last
 about 0.4 s, and each run started at the prior. Like the engine's step-time calibration,
 what a run learnt is kept in a small JSON file and added to the next run's counts; the
-counts' window (``HitRates``) keeps recent runs in charge. The gain loop's caps per load
-(``GainLoops.snapshot``) are kept in the same file: the next run starts where this one
-ended, rather than at the capacity.
+counts' window (``HitRates``) keeps recent runs in charge. The gain loops' states per load
+(``GainLoops.snapshot``: caps, probes, the epoch under way) are kept in the same file: the
+next run goes on where this one ended, rather than starting again at the capacity.
 
 The file is written whole and atomically, so concurrent runs never read half of one; the
 last run to end wins. A file that exists but is not a hit-rate file is refused, never
@@ -27,12 +27,12 @@ from typing import Any
 from spec_tot.errors import ConfigError
 from spec_tot.executor.offers import Slot, SlotCounts
 
-__all__ = ["load_gain_caps", "load_hit_rates", "save_hit_rates"]
+__all__ = ["load_gain_loops", "load_hit_rates", "save_hit_rates"]
 
 _FORMAT = "spec-tot hit rates"
 _VERSION = 1
 Counts = dict[Slot, SlotCounts]
-Caps = Mapping[int, tuple[int, int]]  # clients' bucket -> (cap, probe gap)
+Caps = Mapping[int, Mapping[str, Any]]  # clients' bucket -> its gain loop's state
 
 
 def load_hit_rates(path: str | os.PathLike[str]) -> Counts:
@@ -58,27 +58,20 @@ def load_hit_rates(path: str | os.PathLike[str]) -> Counts:
     return counts
 
 
-def load_gain_caps(path: str | os.PathLike[str]) -> dict[int, tuple[int, int]]:
-    """The gain loop's caps kept in the hit-rate file at ``path`` (empty when there are
+def load_gain_loops(path: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
+    """The gain loops' states kept in the hit-rate file at ``path`` (empty when there are
     none, or the file is missing; ``load_hit_rates`` refuses a file that is not one)."""
     try:
         payload = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return {}
     entries = payload.get("gain_loop") if isinstance(payload, dict) else None
-    caps: dict[int, tuple[int, int]] = {}
+    states: dict[int, dict[str, Any]] = {}
     for entry in entries if isinstance(entries, list) else []:
-        if not isinstance(entry, dict):
-            continue
-        bucket, cap, gap = (entry.get(k) for k in ("clients", "cap", "gap"))
-        if (
-            type(bucket) is int
-            and type(cap) is int
-            and type(gap) is int
-            and min(bucket, cap, gap) >= 0
-        ):
-            caps[bucket] = (cap, gap)
-    return caps
+        ok = isinstance(entry, dict) and type(entry.get("clients")) is int
+        if ok and isinstance(entry.get("state"), dict):
+            states[entry["clients"]] = entry["state"]
+    return states
 
 
 def save_hit_rates(path: str | os.PathLike[str], counts: Counts, caps: Caps | None = None) -> None:
@@ -91,9 +84,7 @@ def save_hit_rates(path: str | os.PathLike[str], counts: Counts, caps: Caps | No
     ]
     payload: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "slots": slots}
     if caps:
-        payload["gain_loop"] = [
-            {"clients": bucket, "cap": cap, "gap": gap} for bucket, (cap, gap) in caps.items()
-        ]
+        payload["gain_loop"] = [{"clients": b, "state": dict(state)} for b, state in caps.items()]
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
 from spec_tot.executor.dispatcher import Dispatcher
-from spec_tot.executor.hit_rate_store import load_gain_caps, load_hit_rates, save_hit_rates
+from spec_tot.executor.hit_rate_store import load_gain_loops, load_hit_rates, save_hit_rates
 from spec_tot.executor.reward_router import RewardRouter
 from spec_tot.graph_nodes import State
 from spec_tot.seeds import seed_key
@@ -59,7 +59,7 @@ class BackendHub:
         if path is None or path in self._recalled:
             return
         self.dispatcher.rates.merge(load_hit_rates(path))
-        self.dispatcher.gain_loops.restore(load_gain_caps(path))
+        self.dispatcher.gain_loops.restore(load_gain_loops(path))
         self._recalled.add(path)
 
     def keep_hit_rates(self, path: str | None) -> None:

@@ -106,7 +106,7 @@ def test_bad_settings_name_the_field(field: str, value: Any) -> None:
 
 def test_the_cap_bounds_the_dispatchers_room_per_load() -> None:
     d = Dispatcher(8)
-    d.gain_loops.restore({1: (2, 1), 2: (8, 1)})  # one client alone: 2 rows; 2-3: 8
+    d.gain_loops.loop(1).set_cap(2)  # one client alone: 2 rows; 2-3 clients: 8
     assert d.room() == 8  # no speculating client yet: nothing caps it
     d.join("q", ClientRules())
     assert d.room() == 2
@@ -185,22 +185,29 @@ async def test_a_backend_where_speculation_pays_grows_the_cap(
     monkeypatch.setattr(Dispatcher, "value", lambda self, offer, p=None: 1.0)
     backend = CostlyRows(base_s=0.01, cost=0.0)
     hub_for(backend).dispatcher.gain_loops = loops = GainLoops(8, FAST)
-    loops.restore({1: (0, 1)})
     loop = loops.loop(1)
+    loop.set_cap(0)
     await timed(backend, "full", [f"g{i}" for i in range(24)], policy="rstar")
     assert loop.moves and loop.moves[0] == 1 and loop.level > 0
     assert backend.speculative_requests > 0
 
 
 def test_what_each_load_learnt_is_kept_with_the_hit_rates(tmp_path: Any) -> None:
+    """A run of a few queries is shorter than an epoch: the loops' states, the epoch under
+    way included, go on in the next run."""
     first = CostlyRows(base_s=0.0, cost=0.0)
     loops = hub_for(first).dispatcher.gain_loops
-    loops.restore({1: (0, 16), 3: (4, 1)})
-    for bucket in (1, 3):
-        loops.loop(bucket).epochs = 1  # as if it had run
+    loops.loop(1).set_cap(0)
+    loops.loop(1).gap, loops.loop(1).epochs = 16, 40
+    loops.loop(3).set_cap(4)
+    for _ in range(5):
+        loops.loop(3).result(0.1)  # results of an epoch under way
     path = str(tmp_path / "rates.json")
     hub_for(first).keep_hit_rates(path)
     second = CostlyRows(base_s=0.0, cost=0.0)
     hub_for(second).recall_hit_rates(path)
     again = hub_for(second).dispatcher.gain_loops
     assert again.loop(1).limit == 0 and again.loop(1).gap == 16 and again.loop(3).limit == 4
+    assert again.loop(3).state() == loops.loop(3).state()
+    again.loop(2).resume({"cap": "x"})  # a state that does not parse is ignored
+    assert again.loop(2).limit == 8
