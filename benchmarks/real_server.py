@@ -204,11 +204,14 @@ def _interval(interval: tuple[float, float] | None) -> str:
 
 
 @contextlib.contextmanager
-def _tot_server(who: str, folder: Path, venv: Path | None) -> Iterator[Any]:
+def _tot_server(who: str, folder: Path, venv: Path | None, dtype: str) -> Iterator[Any]:
     """The server ``tot`` runs the math program through: vLLM (chunked prefill off, see
-    the module docstring) or llama.cpp's llama-server (its defaults, 32 slots)."""
+    the module docstring; ``dtype`` its own default unless named) or llama.cpp's
+    llama-server (its defaults, 32 slots)."""
     if who == "vllm":
         extra = ("--no-enable-chunked-prefill",)  # seeded requests: see the module docstring
+        if dtype != "default":
+            extra += ("--dtype", dtype)
         with vllm_cpu.serve(folder, venv=venv, extra=extra) as server:
             yield server
         return
@@ -222,7 +225,7 @@ def _tot_server(who: str, folder: Path, venv: Path | None) -> Iterator[Any]:
 def tot(args: argparse.Namespace) -> dict[str, Any]:
     folder = Path(fetch_smollm2.fetch_smollm2())
     venv = Path(args.vllm_venv) if args.vllm_venv else None
-    with _tot_server(args.server, folder, venv) as vllm:
+    with _tot_server(args.server, folder, venv, args.vllm_dtype) as vllm:
         # spec-tot bench's own rounds JSON, kept beside ours (or in a temporary folder)
         keep = Path(args.json).with_suffix(".bench.json") if args.json else None
         out = keep or Path(tempfile.mkdtemp()) / "bench.json"
@@ -290,6 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vllm-venv", default=None)
+    parser.add_argument(
+        "--vllm-dtype",
+        default="default",
+        help="tot: vLLM's --dtype (default: its own, bf16 on CPU; emulated, and about 5x "
+        "slower than float32, on a host without BF16 instructions)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.control is None:

@@ -20,7 +20,8 @@ epoch spans several rounds), each starting at a result at least ``settle_latenci
 latencies after the cap changed (work launched under the old cap ends in that time).
 
 Most epochs run at the current cap (``level``); every ``gap``-th is a probe, half as long,
-at a neighbour on the ladder 0, 1, 2, 4, ... capacity: none at all, half, or double. Each
+at a neighbour on the ladder 0, 1, 2, 4, ... capacity: none at all, half (of the most the
+price has used at this cap, when less), or double. A fresh loop probes from its fifth epoch. Each
 probe's log rate against the epoch just before it is one paired sample. A neighbour better
 by more than ``margin`` (and one standard error) over ``samples`` samples, or by 5x
 ``margin`` in each of two, becomes the cap; one as clearly worse (or by 5x ``margin``
@@ -50,8 +51,8 @@ class GainLoopConfig:
     (the cap stays at the backend's capacity)."""
 
     enabled: bool = True
-    epoch_units: int = 24
-    epoch_latencies: float = 6.0
+    epoch_units: int = 12
+    epoch_latencies: float = 3.0
     settle_latencies: float = 1.0
     margin: float = 0.03
     samples: int = 3
@@ -86,7 +87,10 @@ class GainLoop:
         self.level = len(self.ladder) - 1  # index of the cap most epochs run at
         self.arm: int | None = None  # the ladder index this epoch probes (None: none)
         self.samples: dict[int, list[float]] = {}
-        self.gap = 1  # epochs at the cap between two probes
+        # Epochs at the cap between two probes: a fresh loop probes only from its fifth
+        # epoch on, so a run shorter than that (a new app on a new backend) pays nothing to
+        # explore, and after a move every third epoch is a probe.
+        self.gap = 4
         self.epochs = 0
         self.moves: list[int] = []  # the caps it moved to, in order
         self._clock = clock
@@ -97,6 +101,7 @@ class GainLoop:
         self._settling = True
         self.latency_s = 0.0  # a committed result's mean latency
         self._peak = 0  # speculative rows in flight at most this epoch
+        self._used_most = 0  # the most of any epoch at the cap since it last moved
         self._since_probe = 0
         self._turn = 0  # which neighbour the next probe tries
         self._dropped: set[int] = set()  # neighbours found no better since the last move
@@ -157,7 +162,7 @@ class GainLoop:
             "cap": rows(self.level), "arm": None if self.arm is None else rows(self.arm),
             "gap": self.gap, "epochs": self.epochs, "units": self._units, "busy_s": self._busy,
             "settling": self._settling, "latency_s": self.latency_s, "base_rate": self._base_rate,
-            "since_probe": self._since_probe, "turn": self._turn,
+            "since_probe": self._since_probe, "turn": self._turn, "used_most": self._used_most,
             "samples": {str(rows(i)): list(ds) for i, ds in self.samples.items()},
             "dropped": sorted(rows(i) for i in self._dropped),
         }  # fmt: skip
@@ -173,15 +178,15 @@ class GainLoop:
                 int(state["units"]), float(state["busy_s"]), bool(state["settling"]),
                 float(state["latency_s"]),
                 None if state["base_rate"] is None else float(state["base_rate"]),
-                int(state["since_probe"]), int(state["turn"]),
+                int(state["since_probe"]), int(state["turn"]), int(state["used_most"]),
                 {at(int(k)): [float(d) for d in ds] for k, ds in state["samples"].items()},
                 {at(int(r)) for r in state["dropped"]},
             )  # fmt: skip
         except (KeyError, TypeError, ValueError, AttributeError):
             return
         (self.level, self.arm, self.gap, self.epochs, self._units, self._busy, self._settling,
-         self.latency_s, self._base_rate, self._since_probe, self._turn, self.samples,
-         self._dropped) = new  # fmt: skip
+         self.latency_s, self._base_rate, self._since_probe, self._turn, self._used_most,
+         self.samples, self._dropped) = new  # fmt: skip
 
     def _advance(self) -> None:
         now = self._clock()
@@ -193,8 +198,7 @@ class GainLoop:
         self.epochs += 1
         if self.arm is None:
             self._base_rate = rate
-            if self._peak > 0:  # the cap need not sit far above what the price uses
-                self.level = min(self.level, _index_at_least(self.ladder, 2 * self._peak))
+            self._used_most = max(self._used_most, self._peak)  # since the cap last moved
             self._since_probe += 1
             if self._since_probe >= self.gap:
                 self.arm = self._next_arm()
@@ -211,7 +215,10 @@ class GainLoop:
         """The next neighbour to probe (none at all, half, double: those that exist and
         are not dropped since the last move), the most promising first. Once all are
         dropped they return, and probes come a quarter as often."""
-        valid = [i for i in (0, self.level - 1, self.level + 1) if 0 <= i < len(self.ladder)]
+        # "Half" is half of what the price has used at this cap, when that is less.
+        used = _index_at_least(self.ladder, 2 * self._used_most) if self._used_most else self.level
+        half = min(self.level, used) - 1
+        valid = [i for i in (0, half, self.level + 1) if 0 <= i < len(self.ladder)]
         valid = list(dict.fromkeys(i for i in valid if i != self.level))
         if not valid:
             return None
@@ -237,7 +244,8 @@ class GainLoop:
             self.level = arm
             self.samples.clear()
             self._dropped.clear()
-            self.gap = 1
+            self._used_most = 0
+            self.gap = 2
             self.moves.append(self.ladder[arm])
             return
         # Dropping a neighbour only spaces the probes out: one clear loss is enough.

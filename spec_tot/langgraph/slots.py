@@ -33,7 +33,14 @@ from typing import Any
 
 from spec_tot.backends import GenerationBackend
 from spec_tot.errors import ConfigError
-from spec_tot.executor import BackendHub, ClientRules, Dispatcher, Offer, hub_for
+from spec_tot.executor import (
+    BackendHub,
+    ClientRules,
+    Dispatcher,
+    GainLoopConfig,
+    Offer,
+    hub_for,
+)
 
 __all__ = ["DEFAULT_OWN_SLOTS", "Lease", "RunSlots", "SpeculationSlots"]
 
@@ -52,7 +59,13 @@ class SpeculationSlots:
     max_level: int | None = None
     used: int = 0  # speculative tasks not yet adopted or ended
     hubs: list[BackendHub] = field(default_factory=list)
-    own: Dispatcher = field(default_factory=lambda: Dispatcher(DEFAULT_OWN_SLOTS))
+    # No gain loop here: the runs of a graph's own nodes are not reported to it as results,
+    # only its hits, so it has no rate to compare (its CPU gates hold it back instead).
+    own: Dispatcher = field(
+        default_factory=lambda: Dispatcher(
+            DEFAULT_OWN_SLOTS, gain_loop=GainLoopConfig(enabled=False)
+        )
+    )
     lag_s: float = 0.0  # moving average of how late a scheduled prediction pass starts
     max_lag_s: float = 0.005  # a loop this late has no idle time to give
     # Busy Python: above this share of one core, the process's Python runs at the GIL's

@@ -187,7 +187,7 @@ async def test_a_backend_where_speculation_pays_grows_the_cap(
     hub_for(backend).dispatcher.gain_loops = loops = GainLoops(8, FAST)
     loop = loops.loop(1)
     loop.set_cap(0)
-    await timed(backend, "full", [f"g{i}" for i in range(24)], policy="rstar")
+    await timed(backend, "full", [f"g{i}" for i in range(48)], policy="rstar")
     assert loop.moves and loop.moves[0] == 1 and loop.level > 0
     assert backend.speculative_requests > 0
 
