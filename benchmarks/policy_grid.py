@@ -34,7 +34,7 @@ def _queries(concurrency: int) -> int:
 
 def _bench(policy: str, concurrency: int, args: argparse.Namespace, path: Path) -> None:
     command = [
-        "spec-tot", "bench", "--program", "game24", "--search", policy,
+        sys.executable, "-m", "spec_tot", "bench", "--program", "game24", "--search", policy,
         "--modes", "baseline,dedup,full", "--concurrency", str(concurrency),
         "--queries", str(_queries(concurrency)), "--rounds", str(args.rounds),
         "--control", "dedup", "--seed", str(args.seed), "--json", str(path),

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -266,6 +267,9 @@ def _rows_line(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # A SIGTERM (kill, a CI timeout) ends the run through its context managers: the
+    # servers it started stop with it instead of living on.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=["engines", "tot"])
     parser.add_argument("--rounds", type=int, default=5)
