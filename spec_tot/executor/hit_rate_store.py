@@ -32,7 +32,7 @@ __all__ = ["load_gain_loops", "load_hit_rates", "save_hit_rates"]
 _FORMAT = "spec-tot hit rates"
 _VERSION = 1
 Counts = dict[Slot, SlotCounts]
-Caps = Mapping[int, Mapping[str, Any]]  # clients' bucket -> its gain loop's state
+LoopStates = Mapping[int, Mapping[str, Any]]  # clients' bucket -> its gain loop's state
 
 
 def load_hit_rates(path: str | os.PathLike[str]) -> Counts:
@@ -74,17 +74,19 @@ def load_gain_loops(path: str | os.PathLike[str]) -> dict[int, dict[str, Any]]:
     return states
 
 
-def save_hit_rates(path: str | os.PathLike[str], counts: Counts, caps: Caps | None = None) -> None:
-    """Write ``counts`` (and the gain loop's ``caps``) to ``path`` whole (a write that fails
-    only costs the next run its head start: a warning, not an error)."""
+def save_hit_rates(
+    path: str | os.PathLike[str], counts: Counts, loops: LoopStates | None = None
+) -> None:
+    """Write ``counts`` and the gain loops' states (``loops``) to ``path`` whole (a write
+    that fails only costs the next run its head start: a warning, not an error)."""
     file = Path(path)
     slots = [
         {"kind": kind, "level": level, "band": band, **dict(zip(_COUNTS, figures, strict=True))}
         for (kind, level, band), figures in sorted(counts.items())
     ]
     payload: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "slots": slots}
-    if caps:
-        payload["gain_loop"] = [{"clients": b, "state": dict(state)} for b, state in caps.items()]
+    if loops:
+        payload["gain_loop"] = [{"clients": b, "state": dict(state)} for b, state in loops.items()]
     tmp = file.with_name(f".{file.name}.{os.getpid()}.tmp")
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
