@@ -110,7 +110,7 @@ class EngineConfig:
     ``model_config`` (a config dict: random weights, no file) is set.
 
     ``weights``: ``"float"`` runs the folder's float weights; ``"gguf"`` also reads its
-    ``model.gguf`` (``scripts/fetch_smollm2.py`` keeps it) and runs its Q4_1 / Q8_0 matrices
+    ``model.gguf`` (``scripts/fetch_smollm2.py`` keeps it) and runs its Q4_0 / Q4_1 / Q8_0 matrices
     at the decode steps where they measured faster (CPU, float32: ``model/gguf_weights.py``;
     inputs quantized to int8 per 32 as llama.cpp does, so outputs move by about 1%).
     ``"auto"`` (the default): ``"gguf"`` where the folder has a ``model.gguf`` and the

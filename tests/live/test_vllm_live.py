@@ -131,39 +131,60 @@ async def test_the_self_judge_reads_yes_and_no_logprobs(vllm: Any, smollm2: Path
     await b.aclose()
 
 
+async def ametric(client: httpx.AsyncClient, url: str, *names: str) -> float:
+    """``metric`` without holding the event loop (nor a thread of its pool)."""
+    text = (await client.get(url + "/metrics", timeout=10)).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names)
+    )
+
+
 async def test_a_cancelled_query_aborts_its_requests_on_the_server(
     vllm: Any, smollm2: Path
 ) -> None:
+    """Four long requests are on the server, generating; cancelled, the server drops them
+    and generates no token more. The test waits for the server to be *working* on them
+    (its token counter moving while all four are open here), not for a count of four in
+    its queue gauges: a server may finish its queue's head before a poll sees all four."""
     b = backend(vllm, smollm2)
-    sampling = SamplingParams(temperature=0.8, max_tokens=1500, ignore_eos=True)
-    tasks = [
-        asyncio.create_task(b.generate(GenerateRequest(f"q{i}/x", sampling, prompt="Count:")))
-        for i in range(4)
-    ]
-    # Polled off the loop (a blocking poll would hold the requests back), and queued
-    # requests count: the server decides how many it runs at once.
-    deadline = time.monotonic() + 120
-    while await asyncio.to_thread(running, vllm.url, waiting=True) < 4:
-        ended = [t for t in tasks if t.done()]
-        assert not ended, f"a request ended early: {ended[0].exception()!r}"
-        assert time.monotonic() < deadline, "the requests never reached the server"
-        await asyncio.sleep(0.2)
+    running_names = ("vllm:num_requests_running", "vllm:num_requests_waiting")
     tokens = "vllm:generation_tokens_total"
-    at_cancel = await asyncio.to_thread(metric, vllm.url, tokens)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    deadline = time.monotonic() + 20
-    while await asyncio.to_thread(running, vllm.url, waiting=True) > 0:
-        assert time.monotonic() < deadline, "the server kept running cancelled requests"
-        await asyncio.sleep(0.2)
-    # Token by token: once the requests are gone the server generates nothing more for them.
-    stopped = await asyncio.to_thread(metric, vllm.url, tokens)
-    await asyncio.sleep(3.0)
-    assert await asyncio.to_thread(metric, vllm.url, tokens) == stopped
+    # "Count:" is 3 tokens: 2000 more fill the server's 2048-token window, so a request
+    # runs for a minute or more even on a fast host.
+    sampling = SamplingParams(temperature=0.8, max_tokens=2000, ignore_eos=True)
+    seen: list[str] = []
+    async with httpx.AsyncClient() as polls:
+        before = await ametric(polls, vllm.url, tokens)
+        started = time.monotonic()
+        tasks = [
+            asyncio.create_task(b.generate(GenerateRequest(f"q{i}/x", sampling, prompt="Count:")))
+            for i in range(4)
+        ]
+        while True:
+            at_cancel = await ametric(polls, vllm.url, tokens)
+            queued = await ametric(polls, vllm.url, *running_names)
+            seen.append(f"{time.monotonic() - started:.1f}s open={b.num_inflight} "
+                        f"queued={queued:.0f} tokens=+{at_cancel - before:.0f}")  # fmt: skip
+            ended = [t for t in tasks if t.done()]
+            assert not ended, f"a request ended early: {ended[0].exception()!r}; {seen}"
+            if b.num_inflight == 4 and queued >= 1 and at_cancel - before >= 8:
+                break
+            assert time.monotonic() - started < 120, f"the requests never ran: {seen}"
+            await asyncio.sleep(0.2)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        deadline = time.monotonic() + 20
+        while await ametric(polls, vllm.url, *running_names) > 0:
+            assert time.monotonic() < deadline, f"the server kept running them: {seen}"
+            await asyncio.sleep(0.2)
+        # Token by token: once the requests are gone the server generates nothing more.
+        stopped = await ametric(polls, vllm.url, tokens)
+        await asyncio.sleep(3.0)
+        assert await ametric(polls, vllm.url, tokens) == stopped
     assert b.num_inflight == 0
     await b.aclose()
-    print(f"tokens generated after the cancel: {stopped - at_cancel:.0f} (4 requests)")
+    print(f"tokens generated after the cancel: {stopped - at_cancel:.0f} (4 requests); {seen}")
 
 
 def test_the_math_program_32_in_flight_with_zero_failures(vllm: Any, smollm2: Path) -> None:

@@ -1,5 +1,5 @@
-"""A GGUF model's quantized weights as shipped (Q4_1, Q8_0), and the C kernel that multiplies
-by them.
+"""A GGUF model's quantized weights as shipped (Q4_0, Q4_1, Q8_0), and the C kernel that
+multiplies by them.
 
 SmolLM2-135M ships as GGUF Q4_1 (``spec_tot.peers.smollm2``): groups of 32 weights of an
 output row with a scale ``d`` and a minimum ``m``, ``w = d * q + m`` for 4-bit codes
@@ -11,7 +11,8 @@ float32 (``csrc/quant_linear.c``). At many rows the arithmetic dominates and one
 blocked float32 GEMM wins; ``Linear`` takes the quantized path up to the row count measured
 fastest (``DecoderModel.attach_quantized``). SmolLM2's embedding ships as Q8_0 (32 int8 and
 a scale): as the tied LM head, the largest matmul of a decode step, it takes the same road
-(the embedding lookup stays float32).
+(the embedding lookup stays float32). Q4_0 (``w = d * (q - 8)``, no minimum) is Q4_1 with
+``m = -8 d``: the same kernel, and the same sums, since ``-8 d`` is exact in float32.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
 
 _BLOCK = 32
 _BLOCK_BYTES = 20  # Q4_1: fp16 d, fp16 m, 16 bytes of codes
+_Q4_0_BYTES = 18  # Q4_0: fp16 d, 16 bytes of codes
 _Q8_BYTES = 34  # Q8_0: fp16 d, 32 int8
 _ERRORS = {-1: "bad shape", -5: "out of memory"}
 
@@ -67,6 +69,17 @@ class Q4Weight:
             torch.from_numpy(blocks[:, :, 4:].copy()),
             torch.from_numpy(np.ascontiguousarray(scales[:, :, 0])),
             torch.from_numpy(np.ascontiguousarray(scales[:, :, 1])),
+        )
+
+    @classmethod
+    def from_q4_0_blocks(cls, raw: np.ndarray, n: int, k: int) -> Q4Weight:
+        """From GGUF's raw Q4_0 bytes: codes centred on 8, so ``m = -8 d``."""
+        blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // _BLOCK, _Q4_0_BYTES)
+        d = blocks[:, :, :2].copy().view(np.float16).astype(np.float32)[:, :, 0]
+        return cls(
+            torch.from_numpy(blocks[:, :, 2:].copy()),
+            torch.from_numpy(np.ascontiguousarray(d)),
+            torch.from_numpy(np.ascontiguousarray(-8.0 * d)),
         )
 
     def dequantize(self) -> torch.Tensor:
@@ -118,24 +131,25 @@ class Q8Weight:
 
 
 def read_gguf(path: str | Path, heads: int, kv_heads: int) -> dict[str, Q4Weight | Q8Weight]:
-    """Every Q4_1 and Q8_0 matrix of the GGUF at ``path``, by its Hugging Face name, rows in
+    """Every Q4_0, Q4_1 and Q8_0 matrix of the GGUF at ``path``, by its Hugging Face name, rows in
     Hugging Face's order (llama.cpp's interleaved RoPE rows of q and k undone, as the
     float32 conversion does)."""
     import gguf
 
     reader = gguf.GGUFReader(str(path))
     arch = str(reader.fields["general.architecture"].contents())
-    kinds: dict[Any, type[Q4Weight] | type[Q8Weight]] = {
-        gguf.GGMLQuantizationType.Q4_1: Q4Weight,
-        gguf.GGMLQuantizationType.Q8_0: Q8Weight,
+    kinds: dict[Any, Callable[[np.ndarray, int, int], Q4Weight | Q8Weight]] = {
+        gguf.GGMLQuantizationType.Q4_0: Q4Weight.from_q4_0_blocks,
+        gguf.GGMLQuantizationType.Q4_1: Q4Weight.from_blocks,
+        gguf.GGMLQuantizationType.Q8_0: Q8Weight.from_blocks,
     }
     out: dict[str, Q4Weight | Q8Weight] = {}
     for tensor in reader.tensors:
-        kind = kinds.get(tensor.tensor_type)
-        if kind is None or len(tensor.shape) != 2:
+        parse = kinds.get(tensor.tensor_type)
+        if parse is None or len(tensor.shape) != 2:
             continue
         k, n = (int(s) for s in tensor.shape)  # GGUF lists dims inner-first
-        weight: Q4Weight | Q8Weight = kind.from_blocks(np.asarray(tensor.data), n, k)
+        weight = parse(np.asarray(tensor.data), n, k)
         rest = tensor.name.split(".", 2)[-1]
         if arch == "llama" and rest in ("attn_q.weight", "attn_k.weight"):
             order = unpermute(np.arange(n), heads if rest == "attn_q.weight" else kv_heads)

@@ -115,7 +115,7 @@ def _attach_gguf(model: DecoderModel, folder: Path, device: str, dtype: torch.dt
     args = model.args
     quantized = read_gguf(gguf, args.num_heads, args.num_kv_heads)
     if not quantized:
-        raise ConfigError("weights", f"{str(gguf)!r} holds no Q4_1 or Q8_0 matrices")
+        raise ConfigError("weights", f"{str(gguf)!r} holds no Q4_0, Q4_1 or Q8_0 matrices")
     # the crossover of a layer's matmul (an MLP's, else any) and of the LM head, measured
     name = "model.layers.0.mlp.gate_proj.weight"
     layer = quantized.get(name) or next(iter(quantized.values()))

@@ -88,16 +88,18 @@ def test_a_linear_takes_the_quantized_path_up_to_its_rows(kernel: QuantKernel) -
     assert torch.allclose(linear(many), many @ dense.T, rtol=1e-4, atol=1e-5)  # float path
 
 
-def test_a_gguf_is_read_in_hugging_face_row_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_a_gguf_is_read_in_hugging_face_row_order(tmp_path: Path, kind: str) -> None:
+    """Each block format as GGUF's own ``gguf.quants`` writes and reads it."""
     gguf = pytest.importorskip("gguf")
     from gguf.quants import quantize
 
+    qtype = gguf.GGMLQuantizationType[kind]
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.02, (64, 64)).astype(np.float32)  # 4 heads of 16 rows
     writer = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
-    q = quantize(w, gguf.GGMLQuantizationType.Q4_1)
-    writer.add_tensor("blk.0.attn_q.weight", q, raw_shape=q.shape,
-                      raw_dtype=gguf.GGMLQuantizationType.Q4_1)  # fmt: skip
+    q = quantize(w, qtype)
+    writer.add_tensor("blk.0.attn_q.weight", q, raw_shape=q.shape, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -105,8 +107,24 @@ def test_a_gguf_is_read_in_hugging_face_row_order(tmp_path: Path) -> None:
     read = read_gguf(tmp_path / "m.gguf", heads=4, kv_heads=4)
     (name, weight), *_ = read.items()
     assert name == "model.layers.0.self_attn.q_proj.weight"
-    expected = unpermute(gguf.quants.dequantize(q, gguf.GGMLQuantizationType.Q4_1), 4)
+    expected = unpermute(gguf.quants.dequantize(q, qtype), 4)
     assert np.allclose(weight.dequantize().numpy(), expected.reshape(64, 64), atol=1e-6)
+
+
+def test_the_kernel_multiplies_q4_0_blocks(kernel: QuantKernel) -> None:
+    """Q4_0 runs as Q4_1 with ``m = -8 d``: the kernel's sums are the dequantized ones."""
+    gguf = pytest.importorskip("gguf")
+    from gguf.quants import dequantize, quantize
+
+    w = np.random.default_rng(1).normal(0, 0.02, (40, 96)).astype(np.float32)
+    raw = quantize(w, gguf.GGMLQuantizationType.Q4_0)
+    weight = Q4Weight.from_q4_0_blocks(raw, 40, 96)
+    dense = torch.from_numpy(dequantize(raw, gguf.GGMLQuantizationType.Q4_0).reshape(40, 96))
+    assert torch.equal(weight.dequantize(), dense.float())
+    codes = torch.randint(-127, 128, (3, 96)).float()
+    codes[:, ::32] = 127.0
+    x = codes * 0.01  # exact in int8: exact sums
+    assert torch.allclose(kernel.linear(x, weight), x @ dense.float().T, rtol=1e-5, atol=1e-5)
 
 
 def test_smollm2s_gguf_weights_are_its_float_weights() -> None:

@@ -1,4 +1,5 @@
-/* y = x @ W.T for W in GGUF's Q4_1 or Q8_0 blocks, read as shipped (4 or 8 bits a weight).
+/* y = x @ W.T for W in GGUF's Q4_1 or Q8_0 blocks, read as shipped (4 or 8 bits a weight;
+ * Q4_0 arrives as Q4_1 with m = -8 d, gguf_weights.py).
  *
  * A Q4_1 block holds 32 consecutive weights of one output row: a scale d, a minimum m
  * and 16 bytes of 4-bit codes q (byte j: code of weight j in its low nibble, of weight
