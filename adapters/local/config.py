@@ -68,7 +68,9 @@ def check_kv_pool(num_blocks: int, block_size: int, prefix: str = "") -> None:
 # ``EngineConfig.weights``: the model's float weights only, or also its GGUF's quantized
 # matrices at decode steps (``model/gguf_weights.py``), or "auto": the GGUF's wherever they run.
 WEIGHTS = ("auto", "float", "gguf")
-# Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU.
+# Names accepted for ``EngineConfig.dtype``; "auto" picks bfloat16 on CUDA, float32 on CPU
+# (for a model folder whose checkpoint ships in 16 bits: bfloat16 where it measured faster,
+# ``model/dtype_choice.py``).
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Names accepted for ``EngineConfig.attention`` (the decode paths of ``runner.ModelRunner``).
 ATTENTION_MODES = ("auto", "paged", "sparse", "gather")

@@ -278,7 +278,7 @@ def calibrate_engine(engine: Any, cache: CalibrationCache) -> tuple[int, dict[in
         "model": model_fingerprint(cfg.model, cfg.model_config),
         "engine": [
             cfg.device,
-            cfg.dtype,
+            str(engine.dtype),  # "auto" resolved: a CPU may run a 16-bit checkpoint in bf16
             engine.loaded.weights,  # a GGUF's quantized steps cost their own
             cfg.block_size,
             cfg.max_num_seqs,

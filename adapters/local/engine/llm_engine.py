@@ -26,7 +26,7 @@ from spec_tot.drafting import Drafter
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from ..config import EngineConfig, resolve_device, resolve_dtype
-from ..model.loader import LoadedModel, build_random_model, load_model_folder
+from ..model.loader import LoadedModel, auto_dtype, build_random_model, load_model_folder
 from ..model.model import KVCache
 from ..model.runner import ModelRunner
 from ..stage_clock import StageClock
@@ -55,18 +55,26 @@ __all__ = ["MAX_GRAPH_TOKENS", "LLMEngine"]
 MAX_GRAPH_TOKENS = 512
 
 
+def _load(config: EngineConfig, device: str, loaded: LoadedModel | None) -> tuple[LoadedModel, Any]:
+    """The model (``loaded`` when given) and the float type the engine runs."""
+    dtype = resolve_dtype(config.dtype, device)
+    if loaded is None and config.model is not None and config.dtype == "auto":
+        dtype = auto_dtype(config.model, device, config.weights)
+    if loaded is None:
+        if config.model is not None:
+            loaded = load_model_folder(config.model, device, dtype, weights=config.weights)
+        else:
+            loaded = build_random_model(config.model_config or {}, device, dtype, config.seed)
+    return loaded, dtype
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, self.device)
-        if loaded is None:
-            if config.model is not None:
-                loaded = load_model_folder(config.model, self.device, dtype, weights=config.weights)
-            else:
-                loaded = build_random_model(
-                    config.model_config or {}, self.device, dtype, config.seed
-                )
+        # what runs: "auto" resolved (the step-time calibration is keyed by it)
+        loaded, self.dtype = _load(config, self.device, loaded)
+        dtype = self.dtype
         self.loaded = loaded
         args = loaded.args
         self.tokenizer: Any = loaded.tokenizer or PseudoTokenizer(args.vocab_size)

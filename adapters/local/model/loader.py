@@ -17,6 +17,7 @@ from .model_files import check_model_folder
 
 __all__ = [
     "LoadedModel",
+    "auto_dtype",
     "build_random_model",
     "from_hf_model",
     "load_model_folder",
@@ -99,6 +100,19 @@ def _gguf_runs(folder: Path, device: str, dtype: torch.dtype) -> bool:
     if device != "cpu" or dtype != torch.float32 or not (folder / "model.gguf").is_file():
         return False
     return load_quant_kernel()[0] is not None
+
+
+def auto_dtype(folder: str | Path, device: str, weights: str) -> torch.dtype:
+    """``EngineConfig(dtype="auto")`` for the model folder ``folder``: bfloat16 on CUDA; on
+    the CPU float32, or bfloat16 for a 16-bit checkpoint where it measured faster and no
+    GGUF weights run (``dtype_choice.py``)."""
+    if device != "cpu":
+        return torch.bfloat16
+    from .dtype_choice import auto_cpu_dtype
+
+    path = Path(folder)
+    gguf = weights == "gguf" or (weights == "auto" and _gguf_runs(path, device, torch.float32))
+    return auto_cpu_dtype(path, gguf_runs=gguf)
 
 
 def _attach_gguf(model: DecoderModel, folder: Path, device: str, dtype: torch.dtype) -> None:
