@@ -348,6 +348,11 @@ class Capabilities:
     reward_batch_s: float | None = None
     name: str = "backend"
     extra: dict[str, float] = field(default_factory=dict)
+    # Whether the client knows what one more speculative row costs the server: the embedded
+    # engine measures its step curve; a remote server's cost is a guess from the client
+    # (False), so the dispatcher's gain loop starts speculation there at none and raises it
+    # only where it measures a gain (``GainLoopConfig.start``).
+    row_cost_known: bool = True
 
     def __post_init__(self) -> None:
         if self.saturation_batch < 1:

@@ -123,6 +123,7 @@ class OpenAICompatBackend(GenerationBackend, RewardBackend):
             saturation_batch=self.config.saturation_batch,
             max_running_requests=self.config.max_running_requests * len(self.pool.urls),
             name="openai",
+            row_cost_known=self.config.row_cost_known,
         )
 
     @property

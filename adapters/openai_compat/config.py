@@ -43,6 +43,10 @@ class OpenAIConfig:
     bad_token: str | None = " No"
     max_running_requests: int = 256
     saturation_batch: int = 64
+    # What one more speculative row costs the server is unknown here: speculation starts at
+    # none and the gain loop raises it where it measures a gain. True: it starts at the
+    # dispatcher's capacity, the price alone deciding until a probe finds less better.
+    row_cost_known: bool = False
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:

@@ -99,6 +99,7 @@ class SGLangBackend(GenerationBackend, RewardBackend):
             saturation_batch=self.config.saturation_batch or total,
             max_running_requests=total,
             name="sglang",
+            row_cost_known=self.config.row_cost_known,
             extra={
                 "workers": float(len(self.pool.urls)),
                 "max_total_num_tokens": float(info.get("max_total_num_tokens") or 0),

@@ -32,6 +32,10 @@ class SGLangConfig:
     good_token_id: int | None = None
     bad_token_id: int | None = None
     saturation_batch: int | None = None
+    # What one more speculative row costs the server is unknown here: speculation starts at
+    # none and the gain loop raises it where it measures a gain. True: it starts at the
+    # dispatcher's capacity, the price alone deciding until a probe finds less better.
+    row_cost_known: bool = False
     http: HttpConfig = field(default_factory=HttpConfig)
 
     def __post_init__(self) -> None:

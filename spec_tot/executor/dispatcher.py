@@ -114,13 +114,14 @@ class Dispatcher:
         clock: Callable[[], float] = time.thread_time,
         step_curve: dict[int, float] | None = None,
         gain_loop: GainLoopConfig | None = None,
+        row_cost_known: bool = True,
     ) -> None:
         self.capacity = capacity
         self.load = load
         self.clock = clock  # thread CPU: what a launch costs the executor
         self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
-        self.gain_loops = GainLoops(capacity, gain_loop)
+        self.gain_loops = GainLoops(capacity, gain_loop, row_cost_known=row_cost_known)
         self.cpu = CpuMeter()
         self.run_cpu = RunCpu(clock)
         self.launch_cpu = LaunchCpu()

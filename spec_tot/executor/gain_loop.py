@@ -44,6 +44,8 @@ from spec_tot.errors import ConfigError
 
 __all__ = ["GainLoop", "GainLoopConfig", "GainLoops"]
 
+_STARTS = ("auto", "full", "none")
+
 
 @dataclass(frozen=True, slots=True)
 class GainLoopConfig:
@@ -51,6 +53,12 @@ class GainLoopConfig:
     (the cap stays at the backend's capacity)."""
 
     enabled: bool = True
+    # Where a fresh loop's cap starts: "full" (the backend's capacity: the price alone
+    # decides until a probe finds less better), "none" (no speculation until a probe finds
+    # one row better), or "auto": "none" where the backend cannot tell what a row costs its
+    # server (``Capabilities.row_cost_known``: a remote server's cost is a guess), else
+    # "full" (the embedded engine calibrates its step curve).
+    start: str = "auto"
     epoch_units: int = 12
     epoch_latencies: float = 3.0
     settle_latencies: float = 1.0
@@ -59,6 +67,8 @@ class GainLoopConfig:
     max_gap: int = 32
 
     def __post_init__(self) -> None:
+        if self.start not in _STARTS:
+            raise ConfigError("gain_loop.start", f"must be one of {_STARTS}, got {self.start!r}")
         for name in ("epoch_units", "samples", "max_gap"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -69,6 +79,11 @@ class GainLoopConfig:
                 raise ConfigError(
                     f"gain_loop.{name}", f"must be a finite number >= 0, got {value!r}"
                 )
+
+    def starts_at_none(self, row_cost_known: bool) -> bool:
+        """Whether a fresh loop's cap starts at zero on a backend that does (or does not)
+        know what a speculative row costs its server."""
+        return self.start == "none" or (self.start == "auto" and not row_cost_known)
 
 
 class GainLoop:
@@ -81,10 +96,12 @@ class GainLoop:
         capacity: int,
         config: GainLoopConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        from_none: bool = False,
     ) -> None:
         self.config = config or GainLoopConfig()
         self.ladder = _ladder(capacity)
-        self.level = len(self.ladder) - 1  # index of the cap most epochs run at
+        # index of the cap most epochs run at: the capacity, or none (``from_none``)
+        self.level = 0 if from_none else len(self.ladder) - 1
         self.arm: int | None = None  # the ladder index this epoch probes (None: none)
         self.samples: dict[int, list[float]] = {}
         # Epochs at the cap between two probes: a fresh loop probes only from its fifth
@@ -284,18 +301,21 @@ class GainLoops:
         capacity: int,
         config: GainLoopConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        row_cost_known: bool = True,
     ) -> None:
         self.capacity = capacity
         self.config = config or GainLoopConfig()
+        self.from_none = self.config.starts_at_none(row_cost_known)
         self.loops: dict[int, GainLoop] = {}
         self.bucket = 0  # no speculating client
         self._clock = clock
 
     def loop(self, bucket: int) -> GainLoop:
-        """The loop of ``bucket`` (made at the capacity's cap when first used)."""
+        """The loop of ``bucket`` (made at its starting cap when first used)."""
         found = self.loops.get(bucket)
         if found is None:
-            found = self.loops[bucket] = GainLoop(self.capacity, self.config, self._clock)
+            loop = GainLoop(self.capacity, self.config, self._clock, from_none=self.from_none)
+            found = self.loops[bucket] = loop
         return found
 
     @property

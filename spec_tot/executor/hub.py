@@ -81,6 +81,7 @@ class BackendHub:
                         caps.saturation_batch,
                         load=_weak_call(backend.reported_load),
                         step_curve=step_curve_of(caps.extra),
+                        row_cost_known=caps.row_cost_known,
                     )
         assert self._dispatcher is not None  # internal: a hub dies with its backend
         return self._dispatcher

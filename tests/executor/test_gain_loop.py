@@ -97,7 +97,13 @@ def test_idle_time_is_not_counted_and_the_loop_can_be_turned_off() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("epoch_units", 0), ("samples", 1.5), ("settle_latencies", -1), ("margin", float("nan"))],
+    [
+        ("epoch_units", 0),
+        ("samples", 1.5),
+        ("settle_latencies", -1),
+        ("margin", float("nan")),
+        ("start", "half"),
+    ],
 )
 def test_bad_settings_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=f"gain_loop.{field}"):
@@ -219,3 +225,24 @@ def test_what_each_load_learnt_is_kept_with_the_hit_rates(tmp_path: Any) -> None
     assert again.loop(3).state() == loops.loop(3).state()
     again.loop(2).resume({"cap": "x"})  # a state that does not parse is ignored
     assert again.loop(2).limit == 8
+
+
+def test_speculation_starts_at_none_where_a_rows_cost_is_a_guess() -> None:
+    """A remote server's cost of a row is unknown to the client (``row_cost_known=False``:
+    the OpenAI-compatible and SGLang backends): a fresh loop's cap starts at zero there and
+    grows only where a probe measures a gain; the embedded engine's starts at capacity.
+    ``GainLoopConfig.start`` says otherwise."""
+    for known, start, cap in [(True, "auto", 8), (False, "auto", 0), (False, "full", 8),
+                              (True, "none", 0)]:  # fmt: skip
+        d = Dispatcher(8, gain_loop=GainLoopConfig(start=start), row_cost_known=known)
+        d.join("q", ClientRules())
+        assert d.room() == cap, (known, start)
+    from spec_tot.adapters.openai_compat import create_openai
+
+    remote = create_openai(urls=["http://127.0.0.1:9"], model="m")
+    assert remote.capabilities.row_cost_known is False
+    told = create_openai(urls=["http://127.0.0.1:9"], model="m", row_cost_known=True)
+    assert told.capabilities.row_cost_known is True
+    assert hub_for(remote).dispatcher.gain_loops.loop(1).limit == 0
+    assert hub_for(told).dispatcher.gain_loops.loop(1).limit == told.capabilities.saturation_batch
+    assert Capabilities().row_cost_known is True
