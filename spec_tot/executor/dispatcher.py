@@ -117,8 +117,7 @@ class Dispatcher:
         row_cost_known: bool = True,
     ) -> None:
         self.capacity = capacity
-        self.load = load
-        self.clock = clock  # thread CPU: what a launch costs the executor
+        self.load, self.clock = load, clock  # clock: thread CPU, what a launch costs
         self.curve = StepCurve(capacity, prior=dict(step_curve or {}))
         self.rates = HitRates()
         self.gain_loops = GainLoops(capacity, gain_loop, row_cost_known=row_cost_known)

@@ -253,11 +253,12 @@ FIXED = GraphSpec(
 
 async def test_speculation_happens_on_fan_out_graphs() -> None:
     """The equalities above are not vacuous: on a fan-out graph with stragglers, full mode
-    launches speculative tasks and the loop adopts some of them."""
+    launches speculative tasks and the loop adopts some of them. Nodes of 20 ms: at 4 ms a
+    speculative task's own CPU on a busy test host can price every launch out (it did once
+    in a full suite run), which is the dispatcher doing its job, not what this checks."""
     adopted = launched = 0
-    want = await build(FIXED, sync=False).compile().ainvoke({"log": []}, RUN)
     for salt in range(6):
-        spec = GraphSpec(FIXED.nodes, FIXED.max_hops, FIXED.latency_ms, salt)
+        spec = GraphSpec(FIXED.nodes, FIXED.max_hops, 20, salt)
         want = _settled(await build(spec, sync=False).compile().ainvoke({"log": []}, RUN))
         app = eager(from_langgraph(build(spec, sync=False)))
         result = await arun(app, {"log": []}, RUN)
