@@ -253,9 +253,10 @@ FIXED = GraphSpec(
 
 async def test_speculation_happens_on_fan_out_graphs() -> None:
     """The equalities above are not vacuous: on a fan-out graph with stragglers, full mode
-    launches speculative tasks and the loop adopts some of them. Nodes of 20 ms: at 4 ms a
-    speculative task's own CPU on a busy test host can price every launch out (it did once
-    in a full suite run), which is the dispatcher doing its job, not what this checks."""
+    launches speculative tasks and the loop adopts some of them. Nodes of 20 ms: at 4 ms, in
+    one full suite run on a busy host, the committed path overtook all 58 speculative tasks
+    launched (none adopted): on so short a node a task that starts a little late is never
+    ahead, which says nothing of whether speculation works."""
     adopted = launched = 0
     for salt in range(6):
         spec = GraphSpec(FIXED.nodes, FIXED.max_hops, 20, salt)
