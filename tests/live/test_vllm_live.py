@@ -71,12 +71,16 @@ def tokens_per_s(server: Any) -> float:
     return float(reply.json()["usage"]["completion_tokens"]) / (time.perf_counter() - started)
 
 
-def metric(url: str, *names: str) -> float:
-    """The sum of the server's /metrics samples whose name starts with one of ``names``."""
-    text = httpx.get(url + "/metrics", timeout=10).text
+def summed(text: str, names: tuple[str, ...]) -> float:
+    """The sum of a /metrics page's samples whose name starts with one of ``names``."""
     return sum(
         float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names)
     )
+
+
+def metric(url: str, *names: str) -> float:
+    """The sum of the server's /metrics samples whose name starts with one of ``names``."""
+    return summed(httpx.get(url + "/metrics", timeout=10).text, names)
 
 
 def running(url: str, *, waiting: bool = False) -> float:
@@ -133,10 +137,7 @@ async def test_the_self_judge_reads_yes_and_no_logprobs(vllm: Any, smollm2: Path
 
 async def ametric(client: httpx.AsyncClient, url: str, *names: str) -> float:
     """``metric`` without holding the event loop (nor a thread of its pool)."""
-    text = (await client.get(url + "/metrics", timeout=10)).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(names)
-    )
+    return summed((await client.get(url + "/metrics", timeout=10)).text, names)
 
 
 async def test_a_cancelled_query_aborts_its_requests_on_the_server(

@@ -26,7 +26,7 @@ from spec_tot.drafting import Drafter
 from spec_tot.requests import FinishReason, GenerateRequest, GenerateResult, StreamUpdate
 
 from ..config import EngineConfig, resolve_device, resolve_dtype
-from ..model.loader import LoadedModel, auto_dtype, build_random_model, load_model_folder
+from ..model.loader import LoadedModel, build_random_model, cpu_auto_dtype, load_model_folder
 from ..model.model import KVCache
 from ..model.runner import ModelRunner
 from ..stage_clock import StageClock
@@ -58,8 +58,8 @@ MAX_GRAPH_TOKENS = 512
 def _load(config: EngineConfig, device: str, loaded: LoadedModel | None) -> tuple[LoadedModel, Any]:
     """The model (``loaded`` when given) and the float type the engine runs."""
     dtype = resolve_dtype(config.dtype, device)
-    if loaded is None and config.model is not None and config.dtype == "auto":
-        dtype = auto_dtype(config.model, device, config.weights)
+    if loaded is None and config.model is not None and config.dtype == "auto" and device == "cpu":
+        dtype = cpu_auto_dtype(config.model, config.weights)
     if loaded is None:
         if config.model is not None:
             loaded = load_model_folder(config.model, device, dtype, weights=config.weights)

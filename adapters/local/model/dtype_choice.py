@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,14 +30,20 @@ _ROWS = (1, 8)  # a decode step alone and a batch of them
 _SIXTEEN_BIT = ("bfloat16", "float16")
 
 
+def _config(folder: str | Path) -> dict[str, Any]:
+    """``config.json`` of ``folder``; empty where it cannot be read (the loader reports a
+    bad folder, naming it)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def shipped_dtype(folder: str | Path) -> str | None:
     """The dtype ``config.json`` says the weights were saved in (``dtype``, or the older
     ``torch_dtype``), None when it says none."""
-    path = Path(folder) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None  # the loader reports a bad folder, naming it
+    config = _config(folder)
     value = config.get("dtype") or config.get("torch_dtype")
     return str(value) if value else None
 
@@ -65,9 +72,9 @@ def auto_cpu_dtype(folder: str | Path, gguf_runs: bool) -> torch.dtype:
     """``dtype="auto"`` on the CPU for the model folder ``folder``: bfloat16 for a 16-bit
     checkpoint where it measured faster, else float32 (and always float32 where the
     folder's GGUF weights run: their kernel takes float32 inputs)."""
-    if gguf_runs or shipped_dtype(folder) not in _SIXTEEN_BIT:
+    config = _config(folder)
+    if gguf_runs or (config.get("dtype") or config.get("torch_dtype")) not in _SIXTEEN_BIT:
         return torch.float32
-    config = json.loads((Path(folder) / "config.json").read_text())
     hidden = int(config.get("hidden_size", 0))
     inner = int(config.get("intermediate_size", 0))
     if hidden <= 0 or inner <= 0:

@@ -17,8 +17,8 @@ from .model_files import check_model_folder
 
 __all__ = [
     "LoadedModel",
-    "auto_dtype",
     "build_random_model",
+    "cpu_auto_dtype",
     "from_hf_model",
     "load_model_folder",
     "make_hf_config",
@@ -102,16 +102,14 @@ def _gguf_runs(folder: Path, device: str, dtype: torch.dtype) -> bool:
     return load_quant_kernel()[0] is not None
 
 
-def auto_dtype(folder: str | Path, device: str, weights: str) -> torch.dtype:
-    """``EngineConfig(dtype="auto")`` for the model folder ``folder``: bfloat16 on CUDA; on
-    the CPU float32, or bfloat16 for a 16-bit checkpoint where it measured faster and no
-    GGUF weights run (``dtype_choice.py``)."""
-    if device != "cpu":
-        return torch.bfloat16
+def cpu_auto_dtype(folder: str | Path, weights: str) -> torch.dtype:
+    """``EngineConfig(dtype="auto")`` on the CPU for the model folder ``folder``: float32,
+    or bfloat16 for a 16-bit checkpoint where it measured faster and no GGUF weights run
+    (``dtype_choice.py``). Other devices keep ``config.resolve_dtype``'s rule."""
     from .dtype_choice import auto_cpu_dtype
 
     path = Path(folder)
-    gguf = weights == "gguf" or (weights == "auto" and _gguf_runs(path, device, torch.float32))
+    gguf = weights == "gguf" or (weights == "auto" and _gguf_runs(path, "cpu", torch.float32))
     return auto_cpu_dtype(path, gguf_runs=gguf)
 
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from engine_fixtures import assert_pool_free, tiny_llama
 
-from spec_tot.adapters.local.config import EngineConfig
+from spec_tot.adapters.local.config import EngineConfig, resolve_dtype
 from spec_tot.adapters.local.engine.llm_engine import LLMEngine
 from spec_tot.adapters.local.model import dtype_choice
-from spec_tot.adapters.local.model.loader import auto_dtype
+from spec_tot.adapters.local.model.loader import cpu_auto_dtype
 from spec_tot.requests import GenerateRequest, SamplingParams
 
 __all__ = ["tiny_llama"]  # a fixture, imported for pytest
@@ -63,7 +63,7 @@ def test_a_16_bit_checkpoint_runs_bf16_where_it_measured_faster(
     assert asked == [(128, 64)]  # the model's own MLP shape: intermediate x hidden
     assert len(greedy(engine)) == 6
     float16 = shipped_as(tiny_llama, tmp_path, "float16")
-    assert auto_dtype(float16, "cpu", "auto") == torch.bfloat16
+    assert cpu_auto_dtype(float16, "auto") == torch.bfloat16
 
 
 def test_it_stays_float32_where_bf16_measured_slower_or_is_not_asked_for(
@@ -75,11 +75,11 @@ def test_it_stays_float32_where_bf16_measured_slower_or_is_not_asked_for(
     assert asked
     asked.clear()
     # a float32 checkpoint, GGUF weights, an explicit dtype: nothing is measured
-    assert auto_dtype(shipped_as(tiny_llama, tmp_path, "float32"), "cpu", "auto") == torch.float32
+    assert cpu_auto_dtype(shipped_as(tiny_llama, tmp_path, "float32"), "auto") == torch.float32
     assert dtype_choice.auto_cpu_dtype(folder, gguf_runs=True) == torch.float32
     explicit = LLMEngine(EngineConfig(model=str(folder), dtype="float32", num_kv_blocks=64))
     assert explicit.dtype == torch.float32 and asked == []
-    assert auto_dtype(folder, "cuda", "auto") == torch.bfloat16  # CUDA's default, as before
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16  # CUDA's default, as before
 
 
 def test_the_measurement_runs_on_this_cpu() -> None:
